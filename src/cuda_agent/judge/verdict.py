@@ -1,0 +1,147 @@
+"""Typed records the judge produces. A verdict records what happened; rewards read it."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FailureCategory(str, Enum):
+    """Why a candidate failed. One category per boundary, never a parsed string."""
+
+    LOAD = "load"                    # candidate file/workspace malformed: no ModelNew, syntax error
+    POLICY = "policy"                # forbidden construct or forbidden work (fallback, tampering)
+    COMPILE = "compile"              # the C++/CUDA build failed
+    COMPILE_TIMEOUT = "compile_timeout"
+    INIT = "init"                    # ModelNew() raised
+    RUNTIME = "runtime"              # forward raised (bad shapes, CUDA error, illegal address)
+    CRASH = "crash"                  # the candidate process died (segfault, abort, killed)
+    TIMEOUT = "timeout"              # a call or the whole run exceeded its limit
+    OOM = "oom"                      # host or device memory limit
+    MISMATCH = "mismatch"            # wrong values, shape, dtype or structure
+    TIMING = "timing"                # timing claims that the outside clock contradicts, work left in flight
+    TAMPERING = "tampering"          # the candidate changed judge files or global state it must not touch
+    JUDGE = "judge"                  # the judge itself broke (never the candidate's fault)
+
+
+class Failure(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    category: FailureCategory
+    message: str
+
+
+class Timing(BaseModel):
+    """Per-call times of one implementation, in milliseconds."""
+
+    model_config = ConfigDict(frozen=True)
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    p10_ms: float
+    p90_ms: float
+    std_ms: float
+    n: int
+    source: str = "events"  # "events" (device events / in-process clock) or "wall" (outside clock)
+
+
+class CallRecord(BaseModel):
+    """One call of the candidate as seen by the trusted side."""
+
+    index: int
+    role: str                   # "check" | "warmup" | "timed"
+    inside_ms: float | None     # time the candidate process claimed
+    outside_ms: float | None    # parent's clock minus calibrated overhead
+    max_abs_err: float | None = None
+    rel_l2_err: float | None = None
+    ok: bool = True
+
+
+class Verdict(BaseModel):
+    """Everything the judge decided about one candidate on one task."""
+
+    task_id: str
+    task_name: str
+    candidate_hash: str
+    device: str                                  # "cuda" | "cpu"
+    device_name: str = ""
+    compiled: bool = False
+    correct: bool = False
+    policy_violations: list[str] = Field(default_factory=list)
+    failure: Failure | None = None
+    runtime: Timing | None = None
+    eager: Timing | None = None
+    compiled_ref: Timing | None = None
+    compile_mode: str | None = None
+    reward: float = -1.0
+    reward_reason: str = ""
+    build_s: float | None = None
+    build_cached: bool | None = None
+    judge_s: float | None = None
+    max_abs_err: float | None = None
+    max_rel_l2_err: float | None = None
+    n_checked: int = 0
+    task_warnings: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    isolation: list[str] = Field(default_factory=list)   # what isolation was in force
+    seeds: dict[str, int] = Field(default_factory=dict)  # revealed after the run, for reproduction
+    calls: list[CallRecord] = Field(default_factory=list)
+    versions: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def runtime_ms(self) -> float | None:
+        return self.runtime.median_ms if self.runtime else None
+
+    @property
+    def eager_ms(self) -> float | None:
+        return self.eager.median_ms if self.eager else None
+
+    @property
+    def compile_ms(self) -> float | None:
+        return self.compiled_ref.median_ms if self.compiled_ref else None
+
+    @property
+    def speedup_vs_eager(self) -> float | None:
+        if self.correct and self.runtime_ms and self.eager_ms:
+            return self.eager_ms / self.runtime_ms
+        return None
+
+    @property
+    def speedup_vs_compile(self) -> float | None:
+        if self.correct and self.runtime_ms and self.compile_ms:
+            return self.compile_ms / self.runtime_ms
+        return None
+
+    def summary(self) -> dict:
+        """The flat CLI/JSON contract (`cuda-agent eval --json`)."""
+        return {
+            "task": self.task_name,
+            "task_id": self.task_id,
+            "candidate_hash": self.candidate_hash,
+            "device": self.device,
+            "device_name": self.device_name,
+            "compiled": self.compiled,
+            "correct": self.correct,
+            "policy_violations": list(self.policy_violations),
+            "failure": self.failure.model_dump(mode="json") if self.failure else None,
+            "runtime_ms": self.runtime_ms,
+            "eager_ms": self.eager_ms,
+            "compile_ms": self.compile_ms,
+            "compile_mode": self.compile_mode,
+            "speedup_vs_eager": self.speedup_vs_eager,
+            "speedup_vs_compile": self.speedup_vs_compile,
+            "reward": self.reward,
+            "reward_reason": self.reward_reason,
+            "timing_source": self.runtime.source if self.runtime else None,
+            "runtime_spread_ms": [self.runtime.p10_ms, self.runtime.p90_ms] if self.runtime else None,
+            "max_abs_err": self.max_abs_err,
+            "max_rel_l2_err": self.max_rel_l2_err,
+            "n_checked": self.n_checked,
+            "build_s": self.build_s,
+            "build_cached": self.build_cached,
+            "judge_s": self.judge_s,
+            "task_warnings": list(self.task_warnings),
+            "notes": list(self.notes),
+            "isolation": list(self.isolation),
+        }
