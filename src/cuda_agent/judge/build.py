@@ -1,0 +1,269 @@
+"""Builds of candidate extensions: sandboxed, incremental, content-addressed.
+
+A build runs torch's extension builder (ninja) in a sandboxed process that executes nothing of
+the candidate's but the compiler on its sources. Each extension has a persistent build folder
+(per workspace, or per `load_inline` name), so ninja recompiles only the files that changed.
+Finished libraries are copied by the judge into a cache keyed by everything that determines the
+binary (sources, flags, arch, torch/CUDA/compiler versions): an unchanged candidate never
+recompiles, and the cache is written only by the judge, never by candidate code.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from importlib.resources import files
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from .sandbox import SandboxSpec, Sandboxed, python_argv
+
+INFRA = files("cuda_agent") / "infra"
+
+# Flags a candidate may pass to load_inline. Anything else (plugins, linker scripts, wraps,
+# arbitrary -Wl options) is refused with a message.
+_SAFE_FLAG = re.compile(
+    r"^(-O[0-3s]?|-g|-lineinfo|--use_fast_math|-use_fast_math|-std=(c|gnu)\+\+\d\d|-D[A-Za-z_][A-Za-z0-9_]*(=[\w.+-]*)?"
+    r"|-U[A-Za-z_]\w*|-f(no-)?(openmp|fast-math|unroll-loops|strict-aliasing|tree-vectorize|PIC)"
+    r"|-march=native|-mtune=native|-mavx2?|-mavx512\w*|-mfma|-ffp-contract=\w+|-w|-Wall|-Wextra"
+    r"|--expt-relaxed-constexpr|--expt-extended-lambda|--extended-lambda|-Xptxas=?-v|-Xptxas=-O[0-3]"
+    r"|--ptxas-options=-v|-maxrregcount=\d+|--maxrregcount=\d+|-arch=sm_\d+a?|-gencode=arch=compute_\d+a?,code=(sm|compute)_\d+a?"
+    r"|--gpu-architecture=sm_\d+a?|-res-usage|--resource-usage|-Xcompiler=?-fopenmp|-Xcompiler=?-O[0-3]"
+    r"|-lcublas|-lcublasLt|-lcudnn|-lgomp|-fopenmp|-lpthread)$")
+
+
+class BuildError(Exception):
+    def __init__(self, message: str, log: str = "", timeout: bool = False):
+        super().__init__(message)
+        self.log = log
+        self.timeout = timeout
+
+
+class BuildSpec(BaseModel):
+    """What to build. `sources` maps a relative path to its text."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    sources: tuple[tuple[str, str], ...]
+    cflags: tuple[str, ...] = ()
+    cuda_cflags: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ()
+    with_cuda: bool = False
+    slot: str                      # persistent build folder identity (workspace path or inline name)
+
+    def key(self, fingerprint: str) -> str:
+        h = hashlib.sha256(fingerprint.encode())
+        h.update(self.model_dump_json(exclude={"slot"}).encode())
+        return h.hexdigest()[:24]
+
+
+class BuildResult(BaseModel):
+    library: Path
+    seconds: float
+    cached: bool
+    key: str
+
+
+def check_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
+    """Flags that are not allowed (empty list if all are fine)."""
+    return [f for f in flags if not _SAFE_FLAG.match(str(f))]
+
+
+def toolchain_fingerprint(arch: str | None) -> str:
+    import torch
+
+    cxx = os.environ.get("CXX", "c++")
+    return json.dumps({
+        "torch": torch.__version__, "cuda": torch.version.cuda, "arch": arch, "cxx": cxx,
+        "python": sys.version.split()[0], "abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "builder": 2,
+    }, sort_keys=True)
+
+
+def workspace_spec(kernels: tuple[tuple[str, str], ...], slot: str, device: str) -> BuildSpec:
+    """The CUDA Agent workspace build: kernels/* plus the fixed binding infrastructure."""
+    suffixes = (".cu", ".cpp") if device == "cuda" else (".cpp",)
+    sources = [("binding.cpp", (INFRA / "binding.cpp").read_text()),
+               ("binding_registry.h", (INFRA / "binding_registry.h").read_text())]
+    sources += [(f"kernels/{rel}", src) for rel, src in kernels]
+    compiled = [rel for rel, _ in kernels if rel.endswith(suffixes)]
+    if not compiled:
+        raise BuildError(f"no kernels/*{'|*'.join(suffixes)} sources to build")
+    cflags = ("-O3", "-fopenmp") if device == "cpu" else ("-O3",)
+    ldflags = ("-fopenmp",) if device == "cpu" else ()
+    return BuildSpec(name="cuda_extension", sources=tuple(sources), cflags=cflags,
+                     cuda_cflags=("-O3",), ldflags=ldflags, with_cuda=device == "cuda", slot=slot)
+
+
+def inline_spec(*, name: str, cpp_sources, cuda_sources, functions, cflags, cuda_cflags, ldflags,
+                with_cuda: bool | None, with_pytorch_error_handling: bool = True) -> BuildSpec:
+    """Reproduce `load_inline`'s source layout (main.cpp with generated bindings, cuda.cu)."""
+    if isinstance(cpp_sources, str):
+        cpp_sources = [cpp_sources]
+    if isinstance(cuda_sources, str):
+        cuda_sources = [cuda_sources]
+    cpp_sources = list(cpp_sources or [])
+    cuda_sources = list(cuda_sources or [])
+    if not all(isinstance(s, str) for s in cpp_sources + cuda_sources):
+        raise BuildError("load_inline sources must be strings")
+    main = ["#include <torch/extension.h>"] + cpp_sources
+    if functions:
+        if isinstance(functions, str):
+            functions = [functions]
+        if isinstance(functions, dict):
+            items = list(functions.items())
+        else:
+            items = [(f, f"{f}") for f in functions]
+        main.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
+        for fn, doc in items:
+            if not re.fullmatch(r"[A-Za-z_]\w*", str(fn)):
+                raise BuildError(f"invalid function name {fn!r}")
+            wrapped = f"torch::wrap_pybind_function({fn})" if with_pytorch_error_handling else fn
+            main.append(f'm.def("{fn}", {wrapped}, {json.dumps(str(doc))});')
+        main.append("}")
+    sources = [("main.cpp", "\n".join(main))]
+    if cuda_sources:
+        sources.append(("cuda.cu", "\n".join(
+            ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + cuda_sources)))
+    if with_cuda is None:
+        with_cuda = bool(cuda_sources)
+    if not re.fullmatch(r"[A-Za-z_]\w{0,63}", str(name)):
+        raise BuildError(f"invalid extension name {name!r}")
+    return BuildSpec(name=name, sources=tuple(sources), cflags=tuple(cflags or ()),
+                     cuda_cflags=tuple(cuda_cflags or ()), ldflags=tuple(ldflags or ()),
+                     with_cuda=bool(with_cuda), slot=f"inline-{name}")
+
+
+class Builder:
+    """Builds specs into the shared library cache. Thread-safe across processes via file locks."""
+
+    def __init__(self, cache_dir: Path, work_root: Path, *, arch: str | None, timeout_s: float,
+                 uid: int | None, jobs: int | None = None):
+        self.lib_dir = cache_dir / "ext"
+        self.build_root = work_root / "build"
+        self.lib_dir.mkdir(parents=True, exist_ok=True)
+        self.build_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.build_root, 0o711)
+        self.arch = arch
+        self.timeout_s = timeout_s
+        self.uid = uid
+        self.jobs = jobs or os.cpu_count() or 2
+        self.fingerprint = toolchain_fingerprint(arch)
+
+    def lookup(self, spec: BuildSpec) -> Path | None:
+        lib = self.lib_dir / spec.key(self.fingerprint) / f"{spec.name}.so"
+        return lib if lib.exists() else None
+
+    def build(self, spec: BuildSpec) -> BuildResult:
+        key = spec.key(self.fingerprint)
+        t0 = time.monotonic()
+        cached = self.lookup(spec)
+        if cached:
+            return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key)
+        bad = check_flags(spec.cflags + spec.cuda_cflags + spec.ldflags)
+        if bad:
+            raise BuildError(f"compiler/linker flags not allowed: {' '.join(bad)}")
+        slot = hashlib.sha256(f"{spec.slot}|{spec.with_cuda}".encode()).hexdigest()[:16]
+        bdir = self.build_root / slot
+        bdir.mkdir(parents=True, exist_ok=True)
+        with open(self.build_root / f"{slot}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cached = self.lookup(spec)
+            if cached:
+                return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key)
+            self._sync_sources(bdir / "src", spec)
+            self._run(bdir, spec)
+            built = bdir / "out" / f"{spec.name}.so"
+            if not built.exists():
+                raise BuildError("the build produced no library")
+            dest = self.lib_dir / key
+            tmp = self.lib_dir / f".{key}.{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            shutil.copy2(built, tmp / f"{spec.name}.so")
+            try:
+                os.rename(tmp, dest)
+            except OSError:  # another judge finished the same key first
+                shutil.rmtree(tmp, ignore_errors=True)
+        return BuildResult(library=dest / f"{spec.name}.so", seconds=time.monotonic() - t0, cached=False, key=key)
+
+    @staticmethod
+    def _sync_sources(src_dir: Path, spec: BuildSpec) -> None:
+        """Write sources, touching only files whose text changed so ninja rebuilds only those."""
+        src_dir.mkdir(parents=True, exist_ok=True)
+        wanted = {}
+        for rel, text in spec.sources:
+            path = (src_dir / rel).resolve()
+            if src_dir.resolve() not in path.parents:
+                raise BuildError(f"source path escapes the build folder: {rel}")
+            wanted[path] = text
+        for path in [p for p in src_dir.rglob("*") if p.is_file()]:
+            if path.resolve() not in wanted:
+                path.unlink()
+        for path, text in wanted.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists() or path.read_text(errors="replace") != text:
+                path.write_text(text)
+
+    def _run(self, bdir: Path, spec: BuildSpec) -> None:
+        src = bdir / "src"
+        compiled = [str(src / rel) for rel, _ in spec.sources if rel.endswith((".cu", ".cpp", ".cc"))]
+        job = {
+            "name": spec.name, "sources": compiled, "cflags": list(spec.cflags),
+            "cuda_cflags": list(spec.cuda_cflags), "ldflags": list(spec.ldflags),
+            "include": [str(src), str(src / "kernels")], "build_directory": str(bdir / "out"),
+            "with_cuda": spec.with_cuda,
+        }
+        (bdir / "out").mkdir(exist_ok=True)
+        (bdir / "job.json").write_text(json.dumps(job))
+        env = {"MAX_JOBS": str(self.jobs)}
+        if self.arch:
+            env["TORCH_CUDA_ARCH_LIST"] = self.arch
+        proc = Sandboxed(SandboxSpec(
+            argv=python_argv("cuda_agent.judge.buildjob", str(bdir / "job.json")),
+            workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096))
+        try:
+            try:
+                proc.proc.wait(timeout=self.timeout_s)
+            except Exception:
+                raise BuildError(f"build exceeded {self.timeout_s:.0f} s", proc.log_tail(), timeout=True) from None
+            if proc.proc.returncode != 0:
+                log = proc.log_tail(200_000)
+                raise BuildError(trim_compiler_output(log, src), log)
+        finally:
+            proc.kill()
+            log_file = bdir / "process.log"
+            if log_file.exists():
+                log_file.unlink()
+
+
+_ERROR_LINE = re.compile(r"(error|Error|ERROR|undefined reference|fatal)")
+
+
+def trim_compiler_output(log: str, src_dir: Path | None = None, limit: int = 4000) -> str:
+    """Keep what a person needs: error lines with their location and a line of context, paths
+    relative to the sources, no ninja/torch boilerplate and no traceback."""
+    if src_dir is not None:
+        log = log.replace(str(src_dir) + "/", "")
+    lines = log.splitlines()
+    keep: list[str] = []
+    for i, line in enumerate(lines):
+        if _ERROR_LINE.search(line) and not line.lstrip().startswith(("FAILED:", "ninja:", "subprocess.", "Traceback",
+                                                                       "raise ", "File ")):
+            if "RuntimeError: Error building extension" in line or "CalledProcessError" in line:
+                continue
+            keep.append(line.strip()[:400])
+            for extra in lines[i + 1: i + 3]:
+                if extra.strip() and not _ERROR_LINE.search(extra) and not extra.startswith(("[", "FAILED")):
+                    keep.append("    " + extra.strip()[:400])
+    text = "\n".join(dict.fromkeys(keep)) or "\n".join(lines[-30:])
+    if len(text) > limit:
+        text = text[: limit - 40] + f"\n... ({len(text) - limit + 40} more characters)"
+    return text

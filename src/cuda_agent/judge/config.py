@@ -1,0 +1,63 @@
+"""One typed config for the judge. Every field is documented; CLI flags override file values."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cuda_agent.reward import RewardConfig
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("CUDA_AGENT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cuda_agent")
+    return Path(base)
+
+
+def default_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:  # torch missing or broken: the CPU backend still names a device
+        return "cpu"
+
+
+class JudgeConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: Literal["cuda", "cpu"] = Field(default_factory=default_device,
+                                           description="backend: CUDA kernels on the GPU or C++ on the CPU")
+    policy: Literal["strict", "lenient"] = Field(
+        "strict", description="strict = the CUDA Agent skill (no PyTorch compute in forward); "
+                              "lenient = torch glue allowed, only tampering is refused")
+    atol: float = Field(1e-2, description="elementwise absolute tolerance (CUDA Agent default)")
+    rtol: float = Field(1e-2, description="elementwise relative tolerance (CUDA Agent default)")
+    max_rel_l2: dict[str, float] = Field(
+        default_factory=lambda: {"float64": 1e-6, "float32": 1e-3, "float16": 1e-2, "bfloat16": 2e-2},
+        description="bound on ||out-ref||/||ref|| per output dtype: catches lower-precision compute "
+                    "and outputs so small that atol alone would accept zeros")
+    n_check: int = Field(5, ge=1, description="input sets used for the correctness verdict")
+    n_warmup: int = Field(3, ge=0, description="warm-up calls (fresh inputs, outputs checked too)")
+    n_timed: int = Field(20, ge=3, description="timed calls, each with fresh inputs, each output checked")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "none"] = Field(
+        "default", description="torch.compile mode of the compiled baseline; 'none' skips it")
+    flush_l2: bool = Field(True, description="overwrite the cache between calls so every call starts cold")
+    timing_rel_slack: float = Field(0.25, description="outside clock may exceed the claimed time by this fraction")
+    timing_abs_slack_ms: float = Field(0.2, description="... plus this many ms, before the claim is disbelieved")
+    build_timeout_s: float = Field(300.0, description="limit on one build")
+    init_timeout_s: float = Field(120.0, description="limit on loading the candidate and constructing ModelNew")
+    call_timeout_s: float = Field(30.0, description="limit on one forward call")
+    total_timeout_s: float = Field(900.0, description="limit on judging one candidate")
+    memory_limit_mb: int = Field(16384, description="host memory of the candidate process (RSS watchdog)")
+    max_output_mb: int = Field(2048, description="largest total output the candidate may return per call")
+    cache_dir: Path = Field(default_factory=default_cache_dir,
+                            description="builds, compiled extensions and cached baselines")
+    cache_baselines: bool = Field(True, description="reuse eager/compile baseline timings per task and machine")
+    sandbox_uid: int | None = Field(None, description="uid for untrusted processes when run as root "
+                                                      "(default: 61000 + slot)")
+    arch: str | None = Field(None, description="CUDA arch list for builds, e.g. '9.0' (default: the device's)")
+    reward: RewardConfig = Field(default_factory=RewardConfig)

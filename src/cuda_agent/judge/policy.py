@@ -1,0 +1,268 @@
+"""What a candidate may do, checked three ways.
+
+1. Python source (AST): imports, names and attributes a glue module never needs, and in the
+   strict policy any PyTorch compute in `forward`.
+2. C++/CUDA source (tokens, comments and strings removed): escape hatches (dlopen, asm, threads,
+   processes, files, timers, Python C-API) and, strictly, ATen/torch compute.
+3. What actually ran (reported by the sandboxed harness during randomly chosen checked calls):
+   dispatched ATen ops and, on CUDA, launched kernels. Source patterns can be obfuscated; the
+   dispatcher cannot be bypassed without tampering, which (1) and (2) refuse.
+
+The strict policy is the CUDA Agent skill: `forward` may only create tensors, take views and call
+the candidate's own extension; cuBLAS (GEMM) and cuDNN (convolution) may be called from C++.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+# ---------------------------------------------------------------------------------------------
+# Python
+
+ALLOWED_IMPORTS_STRICT = {"torch", "torch.nn", "torch.utils.cpp_extension", "math", "typing",
+                          "__future__", "cuda_extension", "dataclasses", "functools"}
+ALLOWED_IMPORTS_LENIENT = ALLOWED_IMPORTS_STRICT | {"torch.nn.functional", "model", "numpy", "einops",
+                                                    "operator", "itertools", "collections"}
+BANNED_NAMES = {"eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr", "globals",
+                "locals", "vars", "open", "breakpoint", "input", "memoryview", "__builtins__",
+                "__loader__", "__spec__", "type", "object", "classmethod", "staticmethod", "property"}
+MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes", "subprocess", "threading",
+                "multiprocessing", "socket", "signal", "mmap", "marshal", "pickle", "shutil", "time"}
+ALLOWED_DUNDERS = {"__init__", "__name__"}
+TORCH_CREATION = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like",
+                  "full", "full_like", "tensor", "device", "dtype", "float32", "float16", "bfloat16",
+                  "float64", "int32", "int64", "int8", "uint8", "bool", "Size", "no_grad",
+                  "inference_mode", "is_tensor", "cuda", "Tensor", "strided", "contiguous_format",
+                  "channels_last"}
+TENSOR_COMPUTE_METHODS = {
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "matmul", "mm", "bmm", "addmm", "baddbmm",
+    "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "relu", "relu_", "softmax",
+    "log_softmax", "exp", "log", "tanh", "sigmoid", "clone", "to", "float", "half", "bfloat16", "double",
+    "copy_", "index_select", "gather", "scatter", "scatter_", "sort", "topk", "cumsum", "pow", "sqrt",
+    "rsqrt", "abs", "neg", "cat", "stack", "norm", "var", "std", "clamp", "clamp_", "where",
+    "masked_fill", "masked_fill_", "einsum", "conv2d", "conv1d", "linear", "layer_norm", "gelu", "silu",
+    "prod", "all", "any", "round", "floor", "ceil", "sign", "erf", "sin", "cos", "repeat", "tile",
+    "flip", "roll", "type", "type_as", "cpu", "numpy", "tolist", "item", "apply_", "map_",
+}
+
+
+def check_python(source: str, policy: str) -> list[str]:
+    """Violations in a candidate module (assumes it parses; syntax errors are reported elsewhere)."""
+    tree = ast.parse(source)
+    strict = policy == "strict"
+    allowed_imports = ALLOWED_IMPORTS_STRICT if strict else ALLOWED_IMPORTS_LENIENT
+    out: list[str] = []
+
+    def add(node: ast.AST, what: str) -> None:
+        out.append(f"line {getattr(node, 'lineno', '?')}: {what}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name not in allowed_imports:
+                    add(node, f"import of '{alias.name}' is not allowed")
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level or mod not in allowed_imports:
+                if not (mod == "torch.utils.cpp_extension"):
+                    add(node, f"import from '{'.' * node.level}{mod}' is not allowed")
+            if mod == "torch" and any(a.name.startswith("_") for a in node.names):
+                add(node, "import of private torch names is not allowed")
+        elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
+            add(node, f"use of '{node.id}' is not allowed")
+        elif isinstance(node, ast.Attribute):
+            attr = node.attr
+            if attr in ALLOWED_DUNDERS:
+                pass
+            elif attr.startswith("__") and attr.endswith("__"):
+                add(node, f"access to '{attr}' is not allowed")
+            elif attr.startswith("_") and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                add(node, f"access to private attribute '{attr}' is not allowed")
+            elif attr in {"f_back", "f_globals", "f_locals", "gi_frame", "tb_frame", "cr_frame", "f_code"}:
+                add(node, f"frame access '{attr}' is not allowed")
+            elif attr in MODULE_ATTRS:
+                add(node, f"reaching module '{attr}' through an attribute is not allowed")
+        elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            add(node, "try/except is not allowed (no fallbacks)")
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            add(node, "global/nonlocal is not allowed")
+        elif isinstance(node, (ast.AsyncFunctionDef, ast.Await)):
+            add(node, "async code is not allowed")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and strict:
+            pass
+
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    model_new = classes.get("ModelNew")
+    if model_new is not None:
+        for base in model_new.bases:
+            text = ast.unparse(base)
+            if text not in {"nn.Module", "torch.nn.Module", "Module"}:
+                if strict or text in {"Model", "model.Model"}:
+                    add(base, f"ModelNew must derive from nn.Module, not {text}")
+    if strict:
+        out += _strict_forward_checks(tree)
+    return out
+
+
+def _extension_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """Names bound to the candidate's own extension, and `self.<attr>` aliases of them."""
+    names = {"cuda_extension"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            if ast.unparse(node.value.func).rpartition(".")[2] in {"load_inline", "load"}:
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    attrs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
+            for t in node.targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    attrs.add(t.attr)
+    return names, attrs
+
+
+def _strict_forward_checks(tree: ast.Module) -> list[str]:
+    out = []
+    ext_names, ext_attrs = _extension_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "Model":
+            out.append(f"line {node.lineno}: the reference Model may not be used (no fallback)")
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for fn in node.body:
+            if not isinstance(fn, ast.FunctionDef) or fn.name == "__init__":
+                continue
+            for call in ast.walk(fn):
+                if not isinstance(call, ast.Call):
+                    continue
+                name = ast.unparse(call.func)
+                head, _, last = name.rpartition(".")
+                root = head.split(".")
+                if root[0] in ext_names or (root[0] == "self" and len(root) > 1 and root[1] in ext_attrs):
+                    continue  # the candidate's own extension
+                if head in {"torch", "torch.nn.functional", "F", "nn.functional", "torch.special",
+                            "torch.linalg", "torch.fft"} and last not in TORCH_CREATION:
+                    out.append(f"line {call.lineno}: PyTorch compute '{name}' in {fn.name} (strict policy)")
+                elif head and last in TENSOR_COMPUTE_METHODS:
+                    out.append(f"line {call.lineno}: tensor compute '.{last}()' in {fn.name} (strict policy)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# C++ / CUDA
+
+_CPP_ALWAYS = [
+    (r"\bdlopen\b|\bdlsym\b|\bdlvsym\b|\bRTLD_\w+", "dynamic loading"),
+    (r"\bmprotect\b|\bmmap\b|\bmremap\b|/proc/self", "memory mapping/patching"),
+    (r"\basm\b|__asm__|__asm\b", "inline assembly (use CUDA intrinsics)"),
+    (r"\bsyscall\b|\bfork\b|\bvfork\b|\bexec[lv]p?e?\b|\bsystem\s*\(|\bpopen\b|\bposix_spawn\w*|\bkill\s*\(",
+     "processes"),
+    (r"std::thread|std::async|std::jthread|pthread_\w+|\bclone\s*\(", "threads"),
+    (r"\bf?open\s*\(|std::[io]?fstream|\bfreopen\b|\bunlink\b|\bremove\s*\(|\brename\s*\(|\bFILE\s*\*",
+     "file access"),
+    (r"\b(getenv|setenv|putenv|unsetenv)\b|\benviron\b", "environment access"),
+    (r"\bcu(da)?Event\w*|\bcu(da)?Ipc\w*|\bcuptiw*|\bcupti\w*|\bcudaProfiler\w*|\bnvtx\w*", "timers/profilers/IPC"),
+    (r"\bcudaMallocManaged\b|\bcuMemAllocManaged\b|\bcudaDeviceReset\b|\bcudaDeviceSetLimit\b", "device-wide state"),
+    (r"__attribute__\s*\(\s*\(\s*(constructor|destructor)|\binit_priority\b", "static constructors"),
+    (r"PyRun_\w*|PyImport_\w*|PyEval_\w*|PyObject_(Set|Get|Call)\w*|(py|pybind11)::(module_?::import|eval|exec|globals)"
+     r"|\bimport\s*\(\s*\"", "the Python C-API"),
+    (r"##", "token pasting"),
+    (r"#\s*include\s*[<\"](/|\.\./)", "includes outside the workspace"),
+    (r"#\s*include\s*[<\"](dlfcn|link|elf|sys/mman|sys/syscall|unistd|thread|pthread|fstream|cstdio|stdio)\.?h?[>\"]",
+     "system headers for loading, processes, threads or files"),
+]
+
+_ALLOWED_QUALIFIED = re.compile(
+    r"^(torch|at|c10)::("
+    r"Tensor|TensorOptions|Scalar|ScalarType|Device|DeviceType|IntArrayRef|ArrayRef|optional|nullopt|"
+    r"Half|BFloat16|Layout|MemoryFormat|k[A-Z]\w*|dtype|device|empty|empty_like|empty_strided|zeros|"
+    r"zeros_like|ones|full|TensorAccessor|PackedTensorAccessor\w*|GenericPackedTensorAccessor|"
+    r"RestrictPtrTraits|DefaultPtrTraits|cuda::getCurrentCUDAStream|cuda::getStreamFromPool|"
+    r"cuda::CUDAGuard|cuda::OptionalCUDAGuard|cuda::CUDAStream|cuda::getCurrentDeviceProperties|"
+    r"cuda::getCurrentCUDABlasHandle|cuda::getCurrentCUDABlasLtHandle|cuda::device_count|"
+    r"cuda::current_device|cuda::getDeviceProperties|cuda::is_available|cuda::CUDACachingAllocator|"
+    r"cuda::get_device_properties|"
+    r"Half|detail::TensorDataContainer|ArrayRef|irange|elementSize|toString|isFloatingType|"
+    r"DeviceGuard|OptionalDeviceGuard|Error|IndexError|ValueError|TypeError|str|"
+    r"get_num_threads|set_num_threads|parallel_for|in_parallel_region|"
+    r"Tensor::\w+|ScalarType::\w+|Device::\w+|DeviceType::\w+|MemoryFormat::\w+|"
+    r"wrap_pybind_function|Layout::\w+|util::\w+|complex|SymInt|SymIntArrayRef|Stream|"
+    r"cuda::CUDAStreamGuard|cuda::stream_synchronize"
+    r")$")
+
+_TENSOR_METHOD_COMPUTE = re.compile(
+    r"\.(add_?|sub_?|mul_?|div_?|matmul|mm|bmm|addmm|baddbmm|sum|mean|amax|amin|argmax|argmin|relu_?|"
+    r"softmax|log_softmax|exp|log|tanh|sigmoid|clone|to|copy_|index_select|gather|scatter_?|sort|topk|"
+    r"cumsum|pow|sqrt|rsqrt|abs|neg|norm|var|std|clamp_?|where|masked_fill_?|einsum|conv[123]d|"
+    r"linear|layer_norm|gelu|silu|prod|round|floor|ceil|erf|repeat|flip|roll|type_as|cpu|cuda|"
+    r"half|float|double|bfloat16|max|min)\s*\(")
+
+
+def strip_cpp(source: str) -> str:
+    """Remove comments and string/char literals (keeping line structure) before scanning."""
+    pattern = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+
+    def blank(m: re.Match) -> str:
+        text = m.group(0)
+        if text.startswith('"') or text.startswith("'"):
+            return text[0] + text[-1]
+        return re.sub(r"[^\n]", " ", text)
+
+    return pattern.sub(blank, source)
+
+
+def check_cpp(source: str, where: str, policy: str) -> list[str]:
+    out = []
+    # includes are checked before strings are blanked; everything else after
+    for pattern, what in _CPP_ALWAYS:
+        text = source if "include" in pattern else strip_cpp(source)
+        for m in re.finditer(pattern, text):
+            line = text.count("\n", 0, m.start()) + 1
+            out.append(f"{where}:{line}: {what} ('{m.group(0).strip()}') is not allowed")
+            break
+    if policy == "strict":
+        code = strip_cpp(source)
+        for m in re.finditer(r"\b(?:torch|at|c10)(?:::\w+)+", code):
+            name = m.group(0)
+            if not _ALLOWED_QUALIFIED.match(name) and not name.startswith("c10::cuda::"):
+                line = code.count("\n", 0, m.start()) + 1
+                out.append(f"{where}:{line}: PyTorch compute '{name}' in C++ (strict policy)")
+        for m in _TENSOR_METHOD_COMPUTE.finditer(code):
+            before = code[max(0, m.start() - 40): m.start()]
+            if re.search(r"(std|thrust|cub|math|fmax|fmin)\s*$", before):
+                continue
+            line = code.count("\n", 0, m.start()) + 1
+            out.append(f"{where}:{line}: tensor compute '{m.group(0).rstrip('(')}()' in C++ (strict policy)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# What actually ran
+
+ALLOWED_ATEN_STRICT = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "zero_", "fill_", "ones", "ones_like", "full", "full_like", "new_full", "new_ones",
+    "view", "_unsafe_view", "reshape", "as_strided", "expand", "permute", "transpose", "t", "unsqueeze",
+    "squeeze", "flatten", "unflatten", "select", "slice", "narrow", "detach", "alias", "contiguous",
+    "lift_fresh", "split", "split_with_sizes", "chunk", "unbind", "view_as", "expand_as", "resize_",
+    "set_", "_reshape_alias", "is_same_size", "sym_size", "sym_stride", "sym_numel", "size", "stride",
+    "_local_scalar_dense", "record_stream", "is_nonzero", "movedim", "swapaxes", "lift", "result_type",
+    "scalar_tensor",
+}
+_FORBIDDEN_KERNEL = re.compile(r"at::native|at_cuda_detail|\bat::|triton_|elementwise_kernel|reduce_kernel"
+                               r"|vectorized_|unrolled_elementwise|cunn_|softmax_warp|CatArrayBatched")
+
+
+def check_dispatched(ops: list[str], policy: str) -> list[str]:
+    if policy != "strict":
+        return []
+    bad = sorted({op for op in ops if op.split(".")[0].removeprefix("aten::") not in ALLOWED_ATEN_STRICT})
+    return [f"PyTorch ran '{op}' during forward (strict policy: only the candidate's kernels may compute)"
+            for op in bad[:10]]
+
+
+def check_kernels(kernels: list[str], policy: str) -> list[str]:
+    if policy != "strict":
+        return []
+    bad = sorted({k for k in kernels if _FORBIDDEN_KERNEL.search(k)})
+    return [f"a PyTorch kernel ran during forward: '{k[:160]}'" for k in bad[:5]]

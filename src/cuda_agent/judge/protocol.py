@@ -1,0 +1,129 @@
+"""The channel between the trusted judge and an untrusted candidate process.
+
+Control messages are length-prefixed JSON over a socketpair; tensor bytes travel through a
+memfd both processes map. Nothing the candidate sends is ever unpickled or evaluated: the
+parent parses bounded JSON and copies raw bytes, then validates both against what it expects.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+MAX_MESSAGE_BYTES = 8 << 20
+_HEADER = struct.Struct("!I")
+
+
+class ChannelClosed(EOFError):
+    """The other side closed the channel (it exited or crashed)."""
+
+
+class ChannelTimeout(TimeoutError):
+    """No message within the deadline."""
+
+
+class ProtocolError(ValueError):
+    """A message that is not what the protocol allows (oversized, not JSON, not an object)."""
+
+
+class Channel:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buf = bytearray()
+
+    def send(self, message: dict) -> None:
+        payload = json.dumps(message, separators=(",", ":")).encode()
+        self.sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+    def _fill(self, n: int, deadline: float | None) -> None:
+        while len(self._buf) < n:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ChannelTimeout("no reply in time")
+                self.sock.settimeout(remaining)
+            else:
+                self.sock.settimeout(None)
+            try:
+                chunk = self.sock.recv(max(65536, n - len(self._buf)))
+            except socket.timeout:
+                raise ChannelTimeout("no reply in time") from None
+            except (ConnectionResetError, BrokenPipeError):
+                raise ChannelClosed("connection reset") from None
+            if not chunk:
+                raise ChannelClosed("channel closed")
+            self._buf += chunk
+
+    def recv(self, timeout: float | None = None) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._fill(_HEADER.size, deadline)
+        (size,) = _HEADER.unpack(bytes(self._buf[: _HEADER.size]))
+        if size > MAX_MESSAGE_BYTES:
+            raise ProtocolError(f"message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
+        self._fill(_HEADER.size + size, deadline)
+        payload = bytes(self._buf[_HEADER.size: _HEADER.size + size])
+        del self._buf[: _HEADER.size + size]
+        try:
+            message = json.loads(payload)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ProtocolError("message is not JSON") from None
+        if not isinstance(message, dict):
+            raise ProtocolError("message is not a JSON object")
+        return message
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+@dataclass
+class DataPlane:
+    """A shared byte region (memfd) with an input half and an output half."""
+
+    fd: int
+    size: int
+    in_size: int
+
+    @classmethod
+    def create(cls, in_size: int, out_size: int) -> "DataPlane":
+        in_size = _round(max(in_size, 4096))
+        out_size = _round(max(out_size, 4096))
+        fd = os.memfd_create("cuda-agent-data", 0)
+        os.ftruncate(fd, in_size + out_size)
+        plane = cls(fd=fd, size=in_size + out_size, in_size=in_size)
+        plane.map()
+        return plane
+
+    def map(self) -> None:
+        self.mm = mmap.mmap(self.fd, self.size)
+        self.view = memoryview(self.mm)
+
+    @property
+    def out_offset(self) -> int:
+        return self.in_size
+
+    @property
+    def out_size(self) -> int:
+        return self.size - self.in_size
+
+    def close(self) -> None:
+        try:
+            self.view.release()
+            self.mm.close()
+        except (AttributeError, BufferError, ValueError):
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _round(n: int) -> int:
+    return (n + 4095) // 4096 * 4096

@@ -1,0 +1,352 @@
+"""Processes for untrusted code: the candidate's Python/C++ and the compiler run on its sources.
+
+What is isolated:
+- its own session and process group, killed as a whole (and, when the judge runs as root, every
+  process of the sandbox uid, so a child that calls setsid() cannot escape);
+- a scrubbed environment (no API keys, no PYTHONPATH; only what the toolchain needs);
+- rlimits: no core files, bounded file size, open files and (for a non-root sandbox uid) processes;
+  address space on the CPU backend (CUDA reserves huge virtual ranges, so not there);
+- when root: a distinct uid/gid (cannot write the judge's files or read root-only files) and a new
+  network namespace with no interfaces (no network);
+- the parent's death kills it (PR_SET_PDEATHSIG);
+- a resident-memory watchdog in the parent.
+
+What is not isolated: reads of world-readable files, the GPU itself (shared with the judge's own
+context; device memory is per process), CPU time of other processes (only wall-clock limits).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEWNET = 0x40000000
+
+ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+            "CC", "CXX", "OMP_NUM_THREADS", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@dataclass
+class SandboxSpec:
+    argv: list[str]
+    workdir: Path
+    uid: int | None = None              # used only when the judge runs as root
+    pass_fds: tuple[int, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    address_space_mb: int | None = None
+    max_file_mb: int = 2048
+    max_procs: int = 512
+    isolate_network: bool = True
+    log_limit_bytes: int = 1 << 20
+
+
+class Sandboxed:
+    """A running sandboxed process. Always `kill()` it (idempotent)."""
+
+    def __init__(self, spec: SandboxSpec):
+        self.spec = spec
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = spec.workdir / "process.log"
+        self.uid = spec.uid if (is_root() and spec.uid is not None and sandbox_uid_usable()) else None
+        self.cgroup = _pids_cgroup(spec.max_procs)
+        if self.uid is not None:
+            _chown_tree(spec.workdir, self.uid)
+        env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+        env.update({"HOME": str(spec.workdir), "TMPDIR": str(spec.workdir), "PYTHONNOUSERSITE": "1",
+                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})
+        env.update(spec.env)
+        self.env = env
+        self.isolation: list[str] = ["own session", "scrubbed env", "rlimits", "parent-death kill"]
+        log = open(self.log_path, "wb")
+        try:
+            self.proc = subprocess.Popen(
+                spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                pass_fds=spec.pass_fds, start_new_session=True, preexec_fn=self._preexec, close_fds=True,
+            )
+        finally:
+            log.close()
+        self.pid = self.proc.pid
+        self.started = time.monotonic()
+        if self.uid is not None:
+            self.isolation.append(f"uid {self.uid}")
+        if self.cgroup is not None:
+            self.isolation.append(f"pids cgroup (max {spec.max_procs})")
+        if spec.isolate_network and is_root() and _netns(self.pid) not in (None, _netns(os.getpid())):
+            self.isolation.append("no network")
+
+    def _preexec(self) -> None:  # runs in the child between fork and exec
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        spec = self.spec
+        if self.cgroup is not None:
+            try:
+                with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as fh:
+                    fh.write(str(os.getpid()))
+            except OSError:
+                pass
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        fsize = spec.max_file_mb << 20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+        if spec.address_space_mb:
+            limit = spec.address_space_mb << 20
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if is_root():
+            if spec.isolate_network:
+                _libc.unshare(CLONE_NEWNET)  # best effort: containers may forbid it
+            if self.uid is not None:
+                os.setgroups([])
+                os.setgid(self.uid)
+                resource.setrlimit(resource.RLIMIT_NPROC, (spec.max_procs, spec.max_procs))
+                os.setuid(self.uid)
+        else:
+            # RLIMIT_NPROC counts all of the user's processes; leave room for what already runs.
+            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+            want = _count_user_procs() + spec.max_procs
+            if hard == resource.RLIM_INFINITY or want <= hard:
+                resource.setrlimit(resource.RLIMIT_NPROC, (want, hard))
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def rss_mb(self) -> float:
+        total = 0
+        for pid in _session_pids(self.pid, self.uid):
+            try:
+                with open(f"/proc/{pid}/statm") as fh:
+                    total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, IndexError):
+                pass
+        return total / (1 << 20)
+
+    def exit_description(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def log_tail(self, limit: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, 2)
+                size = fh.tell()
+                fh.seek(max(0, size - limit))
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        for _ in range(3):
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if self.uid is not None:
+                for pid in _pids_of_uid(self.uid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                continue
+            if self.uid is None or not _pids_of_uid(self.uid):
+                break
+
+    def cleanup(self, remove_workdir: bool = True) -> None:
+        self.kill()
+        if self.cgroup is not None:
+            _kill_cgroup(self.cgroup)
+        if self.uid is not None:
+            # files the sandbox uid left in shared temporary folders
+            for tmp in ("/tmp", "/dev/shm", "/var/tmp"):
+                try:
+                    entries = list(os.scandir(tmp))
+                except OSError:
+                    continue
+                for entry in entries:
+                    try:
+                        if entry.stat(follow_symlinks=False).st_uid == self.uid:
+                            _remove(Path(entry.path))
+                    except OSError:
+                        pass
+        if remove_workdir:
+            _remove(self.spec.workdir)
+
+
+_UID_USABLE: bool | None = None
+
+
+def sandbox_uid_usable() -> bool:
+    """A different uid can run this interpreter and import torch and this package only if every
+    folder above them is searchable by others (not so for a Python under /root)."""
+    global _UID_USABLE
+    if _UID_USABLE is None:
+        import torch
+
+        paths = [os.path.realpath(sys.executable), os.path.dirname(os.path.realpath(torch.__file__)),
+                 os.path.dirname(os.path.dirname(os.path.realpath(__file__)))]
+        _UID_USABLE = all(_world_reachable(p) for p in paths)
+    return _UID_USABLE
+
+
+def _world_reachable(path: str) -> bool:
+    parts = Path(path).parts
+    for i in range(1, len(parts) + 1):
+        p = os.path.join(*parts[:i])
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            return False
+        if os.path.isdir(p) and not mode & 0o001:
+            return False
+    return bool(os.stat(path).st_mode & 0o004) or os.path.isdir(path)
+
+
+def _pids_cgroup(max_procs: int) -> str | None:
+    """A fresh pids cgroup (v2, else v1) capping the process count, when this process may make one."""
+    if not is_root():
+        return None
+    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified"):
+        if not os.path.exists(os.path.join(base, "pids.max" if base.endswith("pids") else "cgroup.controllers")) \
+                and not os.path.exists(os.path.join(base, "cgroup.procs")):
+            continue
+        path = os.path.join(base, f"cuda-agent-{os.getpid()}-{time.monotonic_ns()}")
+        try:
+            os.mkdir(path)
+            with open(os.path.join(path, "pids.max"), "w") as fh:
+                fh.write(str(max_procs))
+            return path
+        except OSError:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+    return None
+
+
+def _kill_cgroup(path: str) -> None:
+    for _ in range(20):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as fh:
+                pids = [int(x) for x in fh.read().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    os.chown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            try:
+                os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+            except OSError:
+                pass
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _proc_status(pid: str) -> dict[str, str]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                out[key] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _proc_status(name)
+            if st.get("Uid", "").split()[:1] == [str(uid)]:
+                pids.append(int(name))
+    return pids
+
+
+def _session_pids(sid: int, uid: int | None) -> list[int]:
+    if uid is not None:
+        return _pids_of_uid(uid)
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getsid(int(name)) == sid:
+                    pids.append(int(name))
+            except OSError:
+                pass
+    return pids
+
+
+def _count_user_procs() -> int:
+    uid = str(os.getuid())
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _proc_status(name).get("Uid", "").split()[:1] == [uid]:
+            n += 1
+    return n
+
+
+def python_argv(module: str, *args: str) -> list[str]:
+    # -I: isolated mode (no PYTHONPATH, no user site, no cwd on sys.path); -S is not used so the
+    # installed packages (torch, this package) stay importable.
+    return [sys.executable, "-I", "-m", module, *args]
+
+
+def new_workdir(parent: Path, prefix: str) -> Path:
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o700)
+    return path

@@ -1,0 +1,116 @@
+"""Raw tensor transport through a DataPlane region: JSON metadata plus bytes, no pickle."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DTYPES = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+MAX_DIMS = 16
+
+
+class TransportError(ValueError):
+    """Values that cannot be carried (unsupported type, too large, inconsistent metadata)."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TransportError(f"unsupported dtype {dtype}") from None
+
+
+def pack(values, view: memoryview, base: int, limit: int) -> list[dict]:
+    """Write `values` (tensors or JSON scalars, possibly nested one level in tuples) at `base`.
+
+    Returns metadata; tensors are written contiguous, 64-byte aligned.
+    """
+    meta = []
+    offset = base
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            t = t.contiguous()
+            nbytes = t.numel() * t.element_size()
+            offset = (offset + 63) // 64 * 64
+            if offset + nbytes > base + limit:
+                raise TransportError(f"values exceed the {limit >> 20} MiB transport limit")
+            if nbytes:
+                view[offset: offset + nbytes] = t.reshape(-1).view(torch.uint8).numpy().tobytes() \
+                    if t.dtype == torch.bool else memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            meta.append({"t": "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape),
+                         "offset": offset, "nbytes": nbytes})
+            offset += nbytes
+        elif isinstance(value, bool) or value is None or isinstance(value, (int, float, str)):
+            meta.append({"t": "scalar", "value": value})
+        elif isinstance(value, (list, tuple)) and all(not isinstance(v, (list, tuple)) for v in value):
+            inner = pack(value, view, offset, base + limit - offset)
+            meta.append({"t": "list", "items": inner})
+            ends = [m["offset"] + m["nbytes"] for m in inner if m["t"] == "tensor"]
+            offset = max([offset, *ends])
+        else:
+            raise TransportError(f"unsupported value of type {type(value).__name__}")
+    return meta
+
+
+def unpack(meta, view: memoryview, base: int, limit: int, device: str | torch.device = "cpu") -> list:
+    """Rebuild values from metadata, validating every field (the metadata may be hostile)."""
+    if not isinstance(meta, list) or len(meta) > 256:
+        raise TransportError("bad value list")
+    out = []
+    for m in meta:
+        if not isinstance(m, dict):
+            raise TransportError("bad value record")
+        kind = m.get("t")
+        if kind == "scalar":
+            value = m.get("value")
+            if not (value is None or isinstance(value, (bool, int, float, str))):
+                raise TransportError("bad scalar")
+            out.append(value)
+        elif kind == "list":
+            out.append(tuple(unpack(m.get("items"), view, base, limit, device)))
+        elif kind == "tensor":
+            out.append(_tensor(m, view, base, limit, device))
+        else:
+            raise TransportError(f"bad value kind {kind!r}")
+    return out
+
+
+def _tensor(m: dict, view: memoryview, base: int, limit: int, device) -> torch.Tensor:
+    dtype = DTYPES.get(m.get("dtype"))
+    shape = m.get("shape")
+    offset, nbytes = m.get("offset"), m.get("nbytes")
+    if dtype is None:
+        raise TransportError(f"unsupported dtype {m.get('dtype')!r}")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+        raise TransportError("bad shape")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (offset, nbytes)):
+        raise TransportError("bad offset")
+    element = torch.empty((), dtype=dtype).element_size()
+    expected = math.prod(shape) * element
+    if nbytes != expected or offset < base or offset + nbytes > base + limit:
+        raise TransportError("tensor bytes out of range or inconsistent with its shape")
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    flat = torch.frombuffer(bytearray(view[offset: offset + nbytes]), dtype=torch.uint8)
+    t = flat.view(dtype).reshape(shape)
+    return t.to(device) if str(device) != "cpu" else t
+
+
+def nbytes_of(values) -> int:
+    total = 0
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            total += v.numel() * v.element_size() + 64
+        elif isinstance(v, (list, tuple)):
+            total += nbytes_of(v)
+    return total

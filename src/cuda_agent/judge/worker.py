@@ -1,0 +1,268 @@
+"""The candidate process. Everything here is assumed compromised once candidate code runs.
+
+It loads the candidate, answers the judge's requests and reports what it saw. The judge treats
+every report as a claim: outputs are checked against references that never exist in this
+process, and times are believed only when the judge's own clock agrees. The audit hook and the
+recording of dispatched ops make honest mistakes and lazy hacks fail loudly; a determined
+attacker who defeats them still faces the out-of-process checks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+import traceback
+
+
+def _trim_traceback(exc: BaseException, limit: int = 2500) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    # keep the candidate's frames and the error, drop the harness's
+    keep = [ln for ln in lines if "cuda_agent/judge" not in ln]
+    text = "".join(keep[-12:])
+    return text[-limit:]
+
+
+class _Blocked(PermissionError):
+    pass
+
+
+def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
+    deny = {
+        "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
+        "pty.spawn", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto",
+        "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.string_at",
+        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+        "sys.settrace", "sys.setprofile", "pickle.find_class", "urllib.Request",
+        "http.client.connect", "os.kill", "os.killpg", "signal.pthread_kill", "sys.addaudithook",
+        "os.setuid", "os.chroot", "resource.setrlimit", "syslog.openlog", "webbrowser.open",
+    }
+    path_events = {"os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
+                   "os.symlink", "os.link", "shutil.rmtree", "shutil.move", "os.mkdir", "os.utime"}
+    root = os.path.realpath(workdir)
+
+    def inside(path) -> bool:
+        if isinstance(path, int):
+            return False
+        try:
+            real = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return False
+        return real == root or real.startswith(root + os.sep)
+
+    def hook(event: str, args: tuple) -> None:
+        if event in deny:
+            blocked.append(event)
+            raise _Blocked(f"{event} is not allowed in the judge's sandbox")
+        if event == "open":
+            path, mode = args[0], args[1] if len(args) > 1 else "r"
+            writing = isinstance(mode, str) and any(c in mode for c in "wax+")
+            if isinstance(mode, int):
+                writing = bool(mode & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
+            if writing and not isinstance(path, int) and not inside(path):
+                blocked.append(f"open-for-write {path!r}")
+                raise _Blocked(f"writing {path!r} is not allowed (only the workspace is writable)")
+        elif event in path_events:
+            if not all(inside(a) for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))):
+                blocked.append(f"{event} {args[:1]!r}")
+                raise _Blocked(f"{event} outside the workspace is not allowed")
+        elif event == "object.__setattr__":
+            # Library code sets class attributes lazily (docstrings, cached properties); what is
+            # refused is a library class method replaced by code that is not the library's own.
+            target, value = args[0], args[2] if len(args) > 2 else None
+            module = getattr(target, "__module__", "") if isinstance(target, type) else ""
+            origin = getattr(value, "__module__", None) or ""
+            if (isinstance(module, str) and module.startswith(("torch", "cuda_agent", "builtins"))
+                    and callable(value) and not (isinstance(origin, str) and origin.startswith(("torch", "cuda_agent")))):
+                blocked.append(f"patching {getattr(target, '__name__', '?')}.{args[1]}")
+                raise _Blocked("patching library classes is not allowed")
+
+    sys.addaudithook(hook)
+
+
+def _numeric_flags(torch) -> dict:
+    flags = {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+             "deterministic": torch.are_deterministic_algorithms_enabled()}
+    b = torch.backends
+    flags["cudnn.allow_tf32"] = bool(b.cudnn.allow_tf32)
+    flags["cuda.matmul.allow_tf32"] = bool(b.cuda.matmul.allow_tf32)
+    for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+        flags[f"cuda.matmul.{name}"] = str(getattr(b.cuda.matmul, name, None))
+    return flags
+
+
+def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from .protocol import Channel, DataPlane
+    from .tensorio import pack, unpack
+    from .timing import CacheFlusher, CallTimer
+
+    chan = Channel(socket.socket(fileno=sock_fd))
+    plane = DataPlane(fd=data_fd, size=size, in_size=in_size)
+    plane.map()
+    init = chan.recv()
+    device = init["device"]
+    workdir = os.getcwd()
+    blocked: list[str] = []
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    def reply_error(category: str, message: str) -> None:
+        chan.send({"ok": False, "category": category, "message": message, "blocked": blocked[:20]})
+
+    # -- builds requested by load_inline go to the judge, which compiles in its own sandbox -------
+    import torch.utils.cpp_extension as cpp_extension
+
+    def load_module(name: str, library: str):
+        spec = importlib.util.spec_from_file_location(name, library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def rpc_load_inline(name, cpp_sources, cuda_sources=None, functions=None, extra_cflags=None,
+                        extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None,
+                        build_directory=None, verbose=False, with_cuda=None, is_python_module=True,
+                        with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False, **_):
+        if extra_include_paths:
+            raise RuntimeError("extra_include_paths is not supported by the judge")
+        chan.send({"op": "build", "name": name, "cpp_sources": cpp_sources, "cuda_sources": cuda_sources,
+                   "functions": functions, "cflags": extra_cflags, "cuda_cflags": extra_cuda_cflags,
+                   "ldflags": extra_ldflags, "with_cuda": with_cuda,
+                   "with_pytorch_error_handling": with_pytorch_error_handling})
+        answer = chan.recv()
+        if not answer.get("ok"):
+            raise RuntimeError(f"Error building extension '{name}':\n{answer.get('message', '')}")
+        return load_module(name, answer["library"])
+
+    def refuse_load(*args, **kwargs):
+        raise RuntimeError("only load_inline (or a workspace) can build extensions under the judge")
+
+    cpp_extension.load_inline = rpc_load_inline
+    cpp_extension.load = refuse_load
+
+    try:
+        if device == "cuda":
+            torch.cuda.init()
+            torch.cuda.set_device(0)
+        flusher = CacheFlusher(device, init.get("flush", True))
+        timer = CallTimer(device)
+        if init.get("reference_path"):
+            sys.modules["model"] = load_module("model", init["reference_path"])
+        if init.get("library"):
+            sys.modules["cuda_extension"] = load_module("cuda_extension", init["library"])
+        flags_before = _numeric_flags(torch)
+    except BaseException as exc:  # the harness itself failed before any candidate code ran
+        reply_error("judge", f"worker setup failed: {_trim_traceback(exc)}")
+        return 1
+
+    _install_audit_hook(workdir, blocked)
+    try:
+        spec = importlib.util.spec_from_file_location("model_new", init["candidate_path"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model_new"] = module
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        reply_error("load", f"importing the candidate failed:\n{_trim_traceback(exc)}")
+        return 1
+    model_cls = module.__dict__.get("ModelNew")
+    if not isinstance(model_cls, type):
+        reply_error("load", "the candidate defines no class ModelNew")
+        return 1
+    try:
+        init_args = unpack(init["init_args"], plane.view, 0, plane.in_size)
+        state = unpack(init["state"], plane.view, 0, plane.in_size)
+        state = dict(zip(init["state_names"], state))
+        torch.manual_seed(init["init_seed"])
+        model = model_cls(*init_args)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("ModelNew is not a torch.nn.Module")
+        own = model.state_dict()
+        matched, unmatched = [], []
+        with torch.no_grad():
+            for key, value in own.items():
+                ref = state.get(key)
+                if ref is not None and tuple(ref.shape) == tuple(value.shape) and value.dtype == ref.dtype:
+                    value.copy_(ref)
+                    matched.append(key)
+                else:
+                    unmatched.append(key)
+        model = model.to(device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except BaseException as exc:
+        reply_error("init", f"constructing ModelNew failed:\n{_trim_traceback(exc)}")
+        return 1
+    chan.send({"ok": True, "matched": matched, "unmatched": unmatched[:50], "blocked": blocked[:20]})
+
+    poison_bytes = int(init.get("poison_bytes", 0))
+    while True:
+        msg = chan.recv()
+        op = msg.get("op")
+        if op == "exit":
+            return 0
+        if op == "prepare":
+            # Untimed: cold caches, and allocator blocks full of NaN bytes so unwritten outputs show.
+            # The inputs are not known yet, so no work can be done ahead of the timed request.
+            if poison_bytes:
+                junk = torch.full((poison_bytes,), 0xFF, dtype=torch.uint8, device=device)
+                del junk
+            flusher.flush()
+            chan.send({"ok": True})
+            continue
+        if op != "call":
+            continue
+        try:
+            inputs = unpack(msg["inputs"], plane.view, 0, plane.in_size, device)
+            record = bool(msg.get("record"))
+            ops: list[str] = []
+            kernels: list[str] = []
+            if record:
+                prof = None
+                if device == "cuda":
+                    from torch.profiler import ProfilerActivity, profile
+
+                    prof = profile(activities=[ProfilerActivity.CUDA])
+                    prof.__enter__()
+                recorder = Recorder()
+                with recorder, torch.no_grad():
+                    timer.start()
+                    out = model(*inputs)
+                    inside_ms = timer.stop()
+                ops = recorder.ops
+                if prof is not None:
+                    prof.__exit__(None, None, None)
+                    kernels = sorted({e.name for e in prof.events()
+                                      if str(getattr(e, "device_type", "")).endswith("CUDA")})
+            else:
+                with torch.no_grad():
+                    timer.start()
+                    out = model(*inputs)
+                    inside_ms = timer.stop()
+            structure = "tensor" if isinstance(out, torch.Tensor) else type(out).__name__
+            outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else [out]
+            meta = pack(outs, plane.view, plane.out_offset, plane.out_size)
+            echoed = pack(inputs, plane.view, 0, plane.in_size) if msg.get("echo_inputs") else None
+            flags_after = _numeric_flags(torch)
+            changed = sorted(k for k in flags_before if flags_before[k] != flags_after[k])
+            chan.send({"ok": True, "inside_ms": inside_ms, "structure": structure, "outputs": meta,
+                       "echo": echoed, "ops": ops[:4096], "kernels": kernels[:512], "flags_changed": changed,
+                       "blocked": blocked[:20]})
+        except BaseException as exc:
+            oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
+            category = "oom" if isinstance(exc, oom_types) else "runtime"
+            reply_error(category, f"forward failed:\n{_trim_traceback(exc)}")
+            return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*(int(a) for a in sys.argv[1:5])))
