@@ -56,10 +56,12 @@ def validate_reference_source(source: str, where: str) -> None:
         raise TaskError(f"{where}: syntax error at line {exc.lineno}: {exc.msg}") from None
     defined: set[str] = set()
     for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             defined.add(node.name)
         elif isinstance(node, ast.Assign):
             defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             defined.update((a.asname or a.name).split(".")[0] for a in node.names)
     missing = [name for name in REQUIRED if name not in defined]
@@ -75,13 +77,20 @@ def _level_of(path: Path) -> int | None:
     return None
 
 
-def load_task_file(path: str | Path, *, group: str = "", name: str | None = None) -> Task:
+_UNSET = object()
+
+
+def load_task_file(path: str | Path, *, group: str = "", name: str | None = None,
+                   level: int | None = _UNSET) -> Task:  # type: ignore[assignment]
     path = Path(path)
     try:
-        source = path.read_text()
+        source = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TaskError(f"{path}: cannot read: {exc.strerror}") from None
-    level = _level_of(path)
+    except UnicodeDecodeError:
+        raise TaskError(f"{path}: cannot read: not UTF-8 text") from None
+    if level is _UNSET:
+        level = _level_of(path)
     return Task.from_source(
         source,
         name=name or path.stem,
@@ -107,7 +116,7 @@ def load_kernelbench_dir(root: str | Path, levels: Iterable[int] | None = None) 
         level = _level_of(path.relative_to(root.parent))
         if wanted is not None and level not in wanted:
             continue
-        tasks.append(load_task_file(path))
+        tasks.append(load_task_file(path, level=level))
     tasks.sort(key=lambda t: (t.level or 0, _natural_key(t.name)))
     return tasks
 
@@ -127,6 +136,8 @@ def _row_to_task(row: dict, where: str, index: int, group: str) -> Task:
             ops = json.loads(ops)
         except json.JSONDecodeError:
             ops = [o.strip() for o in ops.strip("[]").split(",") if o.strip()]
+    if not isinstance(ops, (list, tuple)):
+        ops = [ops]
     data_source = str(row.get("data_source") or "")
     name = str(row.get("name") or (data_source.replace("#", "_") if data_source else f"row{index}"))
     return Task.from_source(
@@ -138,22 +149,33 @@ def _row_to_task(row: dict, where: str, index: int, group: str) -> Task:
 
 def iter_jsonl_tasks(path: str | Path, group: str = "ops6k") -> Iterator[Task]:
     path = Path(path)
-    with path.open() as fh:
-        for index, line in enumerate(fh):
+    with path.open("rb") as fh:
+        for index, raw in enumerate(fh):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TaskError(f"{path}: line {index + 1}: not UTF-8 text") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise TaskError(f"{path}: line {index + 1}: invalid JSON: {exc.msg}") from None
+            if not isinstance(row, dict):
+                raise TaskError(f"{path}: line {index + 1}: expected a JSON object, "
+                                f"got {type(row).__name__}")
             yield _row_to_task(row, str(path), index, group)
 
 
 def iter_parquet_tasks(path: str | Path, group: str = "ops6k") -> Iterator[Task]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise TaskError(f"{path}: cannot read Parquet: {exc}") from None
     for index, row in enumerate(table.to_pylist()):
         yield _row_to_task(row, str(path), index, group)
 

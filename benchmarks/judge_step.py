@@ -1,0 +1,460 @@
+"""How long one judge step (compile + verify + profile) takes, for both candidate forms.
+
+An RL step waits on the judge, so this is the number that bounds training throughput. The task is
+an L1-size task of the bundled suite (--task, or the first level-1 task that has both a single-file
+and a workspace solution; failing that, the first level-1 task with each form). Two modes:
+
+* cold: what a fresh rollout costs. Every run sees a new source, so nothing can come from the
+  build cache: a uuid comment is added to every kernels/* file of a workspace; for a single file,
+  to the first triple-quoted string assigned to a cuda/cpp source name, plus a '# <uuid>' line at
+  the end of the module (a single file without such a string is reported as not measurable).
+  Every run also gets a new, empty cache directory, so the eager and torch.compile baselines are
+  measured again. Each cold run gets its own `Judge`, because the cache directory is part of its
+  frozen config; the time to construct it is recorded apart (`judge_init_s`), outside `judge_s`.
+* warm: the same candidate judged again by one long-lived `Judge` whose build and baselines are
+  already cached (one priming evaluation, not counted, fills the cache).
+
+The figure reported is `verdict.judge_s`, the judge's own clock for the whole step; the wall
+time around `evaluate` is recorded as well, as a check on it.
+
+What is not controlled: caches outside the judge's cache directory (the OS page cache, nvcc's and
+the compiler driver's own state). For cold runs TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR are
+pointed at the fresh directory too, which takes effect only where the judge's baseline process
+inherits this environment.
+
+The table gives median/min/max of judge_s, the median build time, how many runs hit the build
+cache and how many were correct, next to the published ~55 s of the released CUDA Agent workspace.
+All numbers, per run, also go to --out as JSON.
+
+Example (GPU):   python benchmarks/judge_step.py --runs 5
+Example (CPU):   python benchmarks/judge_step.py --device cpu --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+PUBLISHED_LABEL = "released CUDA Agent workspace (published figure)"
+PUBLISHED_S = 55.0
+PUBLISHED_FORM, PUBLISHED_MODE = "released CUDA Agent workspace", "(published figure)"
+FORMS = ("file", "workspace")
+
+# First triple-quoted string assigned to a name that looks like C++/CUDA source, e.g.
+# `cuda_source = """`, `cpp_sources = r'''`, `relu_kernel_src = """`. Group 1 ends right after the
+# opening quotes, where the uuid comment goes.
+_CXX_STRING = re.compile(
+    r"""(^[ \t]*[A-Za-z_]\w*\s*(?::[^=\n]+)?=\s*[rRuUfF]{0,2}(?:\"\"\"|'''))""",
+    re.MULTILINE,
+)
+_CXX_NAME = re.compile(r"(?i)cpp|cuda|cxx|cu_|_cu\b|kernel|source|src")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="judge_step.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="judge backend and suite variant (default: cuda; 'cpu' uses the CPU suite "
+                             "and C++ kernels, for machines without a GPU)")
+    parser.add_argument("--task", metavar="NAME",
+                        help="suite task to use for both forms (default: the first level-1 task with "
+                             "both a single-file and a workspace solution; otherwise the first level-1 "
+                             "task with each)")
+    parser.add_argument("--runs", type=int, default=5, metavar="N",
+                        help="measured runs per form and mode (default: 5)")
+    parser.add_argument("--form", choices=("both",) + FORMS, default="both",
+                        help="candidate form(s) to measure (default: both)")
+    parser.add_argument("--mode", choices=("both", "cold", "warm"), default="both",
+                        help="mode(s) to measure (default: both)")
+    parser.add_argument("--out", type=Path, default=Path("runs/judge_step.json"),
+                        help="where to write the JSON results (default: runs/judge_step.json)")
+    parser.add_argument("--cache-root", type=Path, default=None,
+                        help="folder for the cache directories this script creates (default: a "
+                             "temporary folder, removed at the end)")
+    parser.add_argument("--keep-cache", action="store_true",
+                        help="do not remove the cache directories at the end")
+    parser.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a JudgeConfig field, e.g. -c n_timed=50 -c compile_mode=none "
+                             "(repeatable; device and cache_dir are set by this script)")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    for item in args.config:
+        if "=" not in item:
+            parser.error(f"--config expects KEY=VALUE, got {item!r}")
+    return args
+
+
+# --- choosing the task and solutions -------------------------------------------------------------
+
+def form_of(path: Path) -> str:
+    return "workspace" if Path(path).is_dir() else "file"
+
+
+def normalise_solutions(raw: dict) -> dict[str, dict[str, Path]]:
+    """{task: {form: path}} from suite_solutions(), whose values are a path (or a few of them)."""
+    out: dict[str, dict[str, Path]] = {}
+    for name, value in raw.items():
+        if isinstance(value, dict):
+            paths = list(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            paths = list(value)
+        else:
+            paths = [value]
+        for p in paths:
+            p = Path(p)
+            out.setdefault(name, {}).setdefault(form_of(p), p)
+    return out
+
+
+def is_level1(task) -> bool:
+    return task.level == 1 or task.group == "level1"
+
+
+def choose(tasks: list, solutions: dict[str, dict[str, Path]], wanted: str | None,
+           forms: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """{form: task or None} and human-readable notes on the choice."""
+    by_name = {t.name: t for t in tasks}
+    notes: list[str] = []
+    if wanted is not None:
+        if wanted not in by_name:
+            raise SystemExit(f"unknown task {wanted!r}; suite tasks: {', '.join(sorted(by_name))}")
+        chosen = {}
+        for form in forms:
+            if form in solutions.get(wanted, {}):
+                chosen[form] = by_name[wanted]
+            else:
+                chosen[form] = None
+                notes.append(f"{wanted} has no {form} solution: {form} form not measured")
+        return chosen, notes
+
+    pool = [t for t in tasks if is_level1(t)]
+    if not pool:
+        notes.append("no level-1 task in the suite: choosing among all suite tasks")
+        pool = list(tasks)
+    with_sol = [t for t in pool if t.name in solutions]
+    both = [t for t in with_sol if all(f in solutions[t.name] for f in forms)]
+    if both:
+        return {form: both[0] for form in forms}, notes
+    chosen = {}
+    for form in forms:
+        first = next((t for t in with_sol if form in solutions[t.name]), None)
+        chosen[form] = first
+        if first is None:
+            notes.append(f"no suite task has a {form} solution: {form} form not measured")
+    if len({id(t) for t in chosen.values() if t is not None}) > 1:
+        notes.append("no task has both forms: " + ", ".join(
+            f"{form} on {t.name}" for form, t in chosen.items() if t is not None))
+    return chosen, notes
+
+
+# --- making a source new ---------------------------------------------------------------------------
+
+def cold_variant(candidate, tag: str):
+    """A copy of `candidate` whose C++/CUDA sources differ by a comment; None if that is not possible."""
+    from cuda_agent.candidate import Candidate
+
+    if candidate.kind == "workspace":
+        if not candidate.kernels:
+            return None
+        kernels = {rel: f"{src}\n// cold run {tag}\n" for rel, src in candidate.kernels}
+        return Candidate.from_files(candidate.model_new, kernels, origin=f"{candidate.origin} (cold {tag})")
+    source = candidate.model_new
+    for match in _CXX_STRING.finditer(source):
+        target = match.group(1).split("=", 1)[0]
+        if _CXX_NAME.search(target):
+            end = match.end(1)
+            new = f"{source[:end]}// cold run {tag}\n{source[end:]}"
+            if not new.endswith("\n"):
+                new += "\n"
+            new += f"# {tag}\n"
+            return Candidate.from_source(new, origin=f"{candidate.origin} (cold {tag})")
+    return None
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def open_judge(Judge, config):
+    """A Judge, closed at the end if it has something to close."""
+    judge = Judge(config)
+    if hasattr(judge, "__enter__") and hasattr(judge, "__exit__"):
+        with judge as entered:
+            yield entered if entered is not None else judge
+        return
+    try:
+        yield judge
+    finally:
+        close = getattr(judge, "close", None) or getattr(judge, "shutdown", None)
+        if callable(close):
+            close()
+
+
+def record(verdict, wall_s: float, **extra) -> dict:
+    summary = verdict.summary()
+    return {
+        "judge_s": verdict.judge_s,
+        "wall_s": wall_s,
+        "build_s": verdict.build_s,
+        "build_cached": verdict.build_cached,
+        "compiled": verdict.compiled,
+        "correct": verdict.correct,
+        "reward": verdict.reward,
+        "failure": summary.get("failure"),
+        "runtime_ms": summary.get("runtime_ms"),
+        "eager_ms": summary.get("eager_ms"),
+        "compile_ms": summary.get("compile_ms"),
+        "candidate_hash": verdict.candidate_hash,
+        **extra,
+    }
+
+
+def evaluate(judge, task, candidate, **extra) -> dict:
+    t0 = time.perf_counter()
+    try:
+        verdict = judge.evaluate(task, candidate)
+    except Exception as exc:  # a judge bug: keep measuring the rest, but say so
+        return {"error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0, **extra}
+    return record(verdict, time.perf_counter() - t0, **extra)
+
+
+@contextlib.contextmanager
+def fresh_compiler_caches(root: Path):
+    keys = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_cold(Judge, base_config, task, candidate, runs: int, cache_root: Path, log) -> dict:
+    if cold_variant(candidate, "probe") is None:
+        why = ("no triple-quoted C++/CUDA source string found in the module"
+               if candidate.kind == "file" else "the workspace has no kernel sources")
+        return {"measurable": False, "why": why, "runs": []}
+    out = []
+    for i in range(runs):
+        tag = uuid.uuid4().hex
+        cand = cold_variant(candidate, tag)
+        cache_dir = cache_root / f"cold-{candidate.kind}-{i}-{tag[:8]}"
+        config = base_config.model_copy(update={"cache_dir": cache_dir})
+        with fresh_compiler_caches(cache_dir):
+            t0 = time.perf_counter()
+            with open_judge(Judge, config) as judge:
+                init_s = time.perf_counter() - t0
+                rec = evaluate(judge, task, cand, run=i, judge_init_s=init_s, tag=tag)
+        out.append(rec)
+        log(f"  cold {candidate.kind} run {i + 1}/{runs}: {describe(rec)}")
+    return {"measurable": True, "runs": out}
+
+
+def run_warm(judge, task, candidate, runs: int, log) -> dict:
+    prime = evaluate(judge, task, candidate, run="prime")
+    log(f"  warm {candidate.kind} priming run: {describe(prime)}")
+    out = []
+    for i in range(runs):
+        rec = evaluate(judge, task, candidate, run=i)
+        out.append(rec)
+        log(f"  warm {candidate.kind} run {i + 1}/{runs}: {describe(rec)}")
+    return {"measurable": True, "prime": prime, "runs": out}
+
+
+def describe(rec: dict) -> str:
+    if "error" in rec:
+        return f"judge raised {rec['error']}"
+    t = rec["judge_s"]
+    parts = [f"judge_s={t:.2f}" if t is not None else "judge_s=None",
+             f"build_s={rec['build_s']:.2f}" if rec.get("build_s") is not None else "build_s=None",
+             f"cached={rec.get('build_cached')}", f"correct={rec.get('correct')}"]
+    if rec.get("failure"):
+        parts.append(f"failure={rec['failure'].get('category')}: {rec['failure'].get('message', '')[:80]}")
+    return ", ".join(parts)
+
+
+def stats(result: dict) -> dict:
+    runs = [r for r in result.get("runs", []) if "error" not in r]
+    times = [r["judge_s"] for r in runs if r.get("judge_s") is not None]
+    builds = [r["build_s"] for r in runs if r.get("build_s") is not None]
+    return {
+        "n": len(result.get("runs", [])),
+        "n_ok": len(times),
+        "n_errors": sum("error" in r for r in result.get("runs", [])),
+        "median_s": statistics.median(times) if times else None,
+        "min_s": min(times) if times else None,
+        "max_s": max(times) if times else None,
+        "median_wall_s": statistics.median([r["wall_s"] for r in runs]) if runs else None,
+        "median_build_s": statistics.median(builds) if builds else None,
+        "n_build_cached": sum(bool(r.get("build_cached")) for r in runs),
+        "n_correct": sum(bool(r.get("correct")) for r in runs),
+    }
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+def print_table(rows: list[dict], console) -> None:
+    from rich.table import Table
+
+    def s(x):
+        return "-" if x is None else f"{x:.2f}"
+
+    if console.width < 140 and not console.is_terminal:
+        console.width = 140  # a redirected run is read in a file, not cut to 80 columns
+    table = Table(title="One judge step (compile + verify + profile): verdict.judge_s, seconds",
+                  caption="build: median build_s; cached: runs whose build came from the cache")
+    table.add_column("form")
+    table.add_column("mode")
+    table.add_column("task")
+    for col in ("runs", "median", "min", "max", "build", "cached", "correct"):
+        # Numbers are never cut; the text columns wrap instead.
+        table.add_column(col, justify="right", no_wrap=True, min_width=max(len(col), 5))
+    for row in rows:
+        if not row["measurable"]:
+            table.add_row(row["form"], row["mode"], row["task"], "-", "not measurable", "", "", "", "", "",
+                          style="dim")
+            continue
+        st = row["stats"]
+        table.add_row(row["form"], row["mode"], row["task"], f"{st['n_ok']}/{st['n']}",
+                      s(st["median_s"]), s(st["min_s"]), s(st["max_s"]), s(st["median_build_s"]),
+                      f"{st['n_build_cached']}/{st['n_ok']}", f"{st['n_correct']}/{st['n_ok']}")
+    table.add_row(PUBLISHED_FORM, PUBLISHED_MODE, "-", "-", f"~{PUBLISHED_S:.0f}", "", "", "", "", "",
+                  style="italic")
+    console.print(table)
+
+
+def environment(device: str) -> dict:
+    info = {"python": platform.python_version(), "platform": platform.platform(), "device": device}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if device == "cuda" and torch.cuda.is_available():
+            info["device_name"] = torch.cuda.get_device_name(0)
+    except Exception as exc:  # the record is still useful without it
+        info["torch"] = f"unavailable: {exc}"
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    # Imported here so that --help works while the judge is still being written.
+    from rich.console import Console
+
+    from cuda_agent.candidate import Candidate
+
+    try:
+        from cuda_agent.judge import Judge, JudgeConfig
+        from cuda_agent.suite import suite_solutions, suite_tasks
+    except ImportError as exc:
+        print(f"judge_step: the judge or the suite cannot be imported: {exc}", file=sys.stderr)
+        return 2
+
+    console = Console(stderr=False)
+
+    def log(msg: str) -> None:
+        console.print(msg, markup=False, highlight=False, soft_wrap=True)
+
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            console.print("[red]no CUDA device here[/red]; use --device cpu for the CPU suite")
+            return 2
+
+    forms = FORMS if args.form == "both" else (args.form,)
+    modes = ("cold", "warm") if args.mode == "both" else (args.mode,)
+    tasks = list(suite_tasks(args.device))
+    solutions = normalise_solutions(suite_solutions(args.device))
+    chosen, notes = choose(tasks, solutions, args.task, forms)
+    for note in notes:
+        log(f"note: {note}")
+    for form in forms:
+        if chosen[form] is not None:
+            log(f"{form} form: task {chosen[form].name} ({solutions[chosen[form].name][form]})")
+
+    overrides = dict(item.split("=", 1) for item in args.config)
+    for key in ("device", "cache_dir"):
+        if key in overrides:
+            raise SystemExit(f"--config {key}=... is set by this script; use --device / --cache-root")
+
+    own_root = args.cache_root is None
+    cache_root = Path(tempfile.mkdtemp(prefix="judge_step-")) if own_root else args.cache_root
+    cache_root.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    rows: list[dict] = []
+    base_config = JudgeConfig.model_validate(
+        {**overrides, "device": args.device, "cache_dir": cache_root / "warm"})
+    candidates = {form: Candidate.from_path(solutions[chosen[form].name][form])
+                  for form in forms if chosen[form] is not None}
+
+    def add_row(form: str, mode: str, result: dict) -> None:
+        task = chosen[form]
+        if not result["measurable"]:
+            log(f"  not measurable: {result['why']}")
+        rows.append({"form": form, "mode": mode, "task": task.name, "task_id": task.id,
+                     "solution": str(solutions[task.name][form]),
+                     "candidate_hash": candidates[form].hash, "measurable": result["measurable"],
+                     "why": result.get("why"), "stats": stats(result),
+                     "prime": result.get("prime"), "runs": result["runs"]})
+
+    try:
+        # All cold runs first, with no other Judge alive, so that nothing of the warm Judge (its
+        # workers, their device memory) is around while the cold ones start.
+        if "cold" in modes:
+            for form, candidate in candidates.items():
+                log(f"{form} / cold on {chosen[form].name}:")
+                add_row(form, "cold", run_cold(Judge, base_config, chosen[form], candidate,
+                                               args.runs, cache_root, log))
+        if "warm" in modes:
+            with open_judge(Judge, base_config) as judge:
+                for form, candidate in candidates.items():
+                    log(f"{form} / warm on {chosen[form].name}:")
+                    add_row(form, "warm", run_warm(judge, chosen[form], candidate, args.runs, log))
+    finally:
+        if own_root and not args.keep_cache:
+            shutil.rmtree(cache_root, ignore_errors=True)
+
+    console.print()
+    print_table(rows, console)
+    report = {
+        "benchmark": "judge_step",
+        "started_unix": started,
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "runs_per_mode": args.runs,
+        "environment": environment(args.device),
+        "judge_config": json.loads(base_config.model_dump_json(exclude={"cache_dir"})),
+        "notes": notes,
+        "results": rows,
+        "reference": {"label": PUBLISHED_LABEL, "judge_step_s": PUBLISHED_S},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    log(f"wrote {args.out}")
+    errors = sum(r["stats"]["n_errors"] for r in rows)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
