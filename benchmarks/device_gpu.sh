@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
+#   bash benchmarks/device_gpu.sh smoke|tier|step|bench [OUT_DIR]
+# Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic) and this package in place.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+stage=${1:-smoke}
+out=${2:-${OUT:-runs/device}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+export CUDA_AGENT_CACHE=${CUDA_AGENT_CACHE:-$PWD/.cache/cuda_agent}
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARN
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+
+case "$stage" in
+  smoke)
+    suite=src/cuda_agent/suite
+    for name in 2_GELU 3_Softmax_Rows; do
+      task=$(ls $suite/cuda/level*/$name.py | head -1)
+      sol=$(ls -d $suite/solutions/cuda/$name* | head -1)
+      timeout 300 cuda-agent eval --task "$task" --solution "$sol" --json --compile-mode none | tee -a "$out/smoke.jsonl"
+    done
+    ;;
+  tier)
+    timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tier.log"
+    ;;
+  step)
+    timeout 560 python3 benchmarks/judge_step.py --runs 5 --out "$out/judge_step.json" 2>&1 | tee "$out/judge_step.log"
+    ;;
+  bench)
+    timeout 300 python3 benchmarks/suite_eager.py --device cuda 2>&1 | tee "$out/suite_eager.log"
+    timeout 280 cuda-agent bench --device cuda --out "$out/bench.jsonl" 2>&1 | tee "$out/bench.log"
+    ;;
+  *)
+    echo "unknown stage $stage" >&2; exit 2 ;;
+esac
