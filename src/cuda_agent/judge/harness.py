@@ -109,8 +109,10 @@ class Judge:
         self.arch = arch
         self.uid = (config.sandbox_uid or 61000 + os.getpid() % 4000) if is_root() else None
         self.work_root = _work_root()
+        # Builds run under their own uid: cleaning up after a build kills every process of its uid,
+        # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
-                               uid=self.uid)
+                               uid=None if self.uid is None else self.uid + 5000)
         self.baseline_dir = config.cache_dir / "baselines"
         self.baseline_dir.mkdir(parents=True, exist_ok=True)
         self._integrity = _package_files()

@@ -93,6 +93,7 @@ def _numeric_flags(torch) -> dict:
 
 
 def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
+    sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE; lazy imports must not write
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
