@@ -69,8 +69,11 @@ class Sandboxed:
         if self.uid is not None:
             _chown_tree(spec.workdir, self.uid)
         env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+        # A sandbox uid has no passwd entry: name it, and keep every cache inside the workdir.
         env.update({"HOME": str(spec.workdir), "TMPDIR": str(spec.workdir), "PYTHONNOUSERSITE": "1",
-                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})
+                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "USER": "cuda-agent-sandbox",
+                    "LOGNAME": "cuda-agent-sandbox", "TORCHINDUCTOR_CACHE_DIR": str(spec.workdir / "inductor"),
+                    "TRITON_CACHE_DIR": str(spec.workdir / "triton"), "XDG_CACHE_HOME": str(spec.workdir / "cache")})
         env.update(spec.env)
         self.env = env
         self.isolation: list[str] = ["own session", "scrubbed env", "rlimits", "parent-death kill"]
