@@ -129,9 +129,9 @@ class Judge:
                           device=self.device, device_name=self.device_name,
                           compile_mode=None if self.config.compile_mode == "none" else self.config.compile_mode,
                           versions={"torch": torch.__version__, "cuda": str(torch.version.cuda)})
-        proc = None
+        self._live: list[Sandboxed] = []
         try:
-            proc = self._evaluate(task, candidate, verdict, t0)
+            self._evaluate(task, candidate, verdict, t0)
         except _Stop as stop:
             verdict.failure = stop.failure
             if stop.failure.category == FC.POLICY and not verdict.policy_violations:
@@ -144,8 +144,9 @@ class Judge:
             verdict.failure = Failure(category=FC.JUDGE, message="".join(
                 traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:])
         finally:
-            if proc is not None:
+            for proc in self._live:
                 proc.cleanup()
+            self._live = []
         if self._integrity != _package_files():
             verdict.failure = Failure(category=FC.TAMPERING, message="the judge's own files changed during the run")
             self._integrity = _package_files()
@@ -189,16 +190,22 @@ class Judge:
         state_names, state_values = zip(*ref_model.state_dict().items()) if ref_model.state_dict() else ((), ())
         state_values = [t.detach().cpu() for t in state_values]
 
-        torch.manual_seed(call_seeds[0])
-        sample_inputs = list(ref.get_inputs())
-        in_bytes = max(nbytes_of(sample_inputs) * 2, nbytes_of(state_values) + nbytes_of(init_args)) + (1 << 20)
-        plane = DataPlane.create(in_bytes, cfg.max_output_mb << 20)
+        sample_inputs = self._inputs(ref, call_seeds[0], 0)
+        with torch.no_grad():
+            expected_probe = _to_list(ref_model(*sample_inputs))
+        out_bytes = nbytes_of(expected_probe)
+        sample_bytes = nbytes_of(sample_inputs)
+        del sample_inputs, expected_probe
+        if out_bytes > cfg.max_output_mb << 20:
+            raise JudgeError(f"task {task.name}: reference output of {out_bytes >> 20} MiB exceeds max_output_mb")
+        in_bytes = max(nbytes_of(state_values) + nbytes_of(init_args), 0) + (1 << 20)
+        in_bytes = max(in_bytes, sample_bytes + (1 << 20))
+        # The output half holds exactly what a correct candidate returns (plus slack); anything
+        # larger is wrong anyway and is reported as such by the candidate's own harness.
+        plane = DataPlane.create(in_bytes, out_bytes + (1 << 20))
+        self._pin(plane)
         proc = None
         try:
-            with torch.no_grad():
-                expected_probe = _to_list(ref_model(*[x.to(dev) if isinstance(x, torch.Tensor) else x
-                                                      for x in sample_inputs]))
-            out_bytes = nbytes_of(expected_probe)
             poison = out_bytes if dev == "cuda" else 0
             compiled_timing = self._compiled_baseline(task, ref, ref_model) if cfg.compile_mode != "none" else None
             v.compiled_ref = compiled_timing
@@ -226,7 +233,6 @@ class Judge:
             plane.close()
             if proc is not None:
                 v.isolation = proc.isolation
-        return proc
 
     def _static_checks(self, cand: Candidate, v: Verdict) -> None:
         import ast
@@ -287,6 +293,7 @@ class Judge:
             proc = Sandboxed(spec)
         finally:
             child_sock.close()
+        self._live.append(proc)
         return proc, Channel(parent_sock)
 
     def _recv(self, chan: Channel, proc: Sandboxed, deadline: float, what: str) -> dict:
@@ -388,7 +395,9 @@ class Judge:
         """A fresh input set: the task's own distribution under a secret seed, rescaled on some calls
         so that a kernel tuned to one value range is still checked on another."""
         torch.manual_seed(seed)
-        inputs = list(ref.get_inputs())
+        # Drawn on the device: the task's own distribution, without a slow host-side generator.
+        with torch.device(self.device):
+            inputs = list(ref.get_inputs())
         if index % 3 == 1:
             rng = random.Random(seed)
             inputs = [x * rng.uniform(0.25, 1.0) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
@@ -539,6 +548,16 @@ class Judge:
                 except Exception:
                     proc.kill()
         return self._rtt_ms
+
+    def _pin(self, plane: DataPlane) -> None:
+        """Page-lock the shared region so copies to and from the GPU run at full DMA speed."""
+        if self.device != "cuda":
+            return
+        import ctypes
+
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(plane.mm))
+        if torch.cuda.cudart().cudaHostRegister(ptr, plane.size, 0) == 0:
+            plane.pinned_ptr = ptr
 
     def _get_flusher(self) -> CacheFlusher:
         if self._flusher is None:

@@ -90,6 +90,7 @@ class DataPlane:
     fd: int
     size: int
     in_size: int
+    pinned_ptr: int | None = None
 
     @classmethod
     def create(cls, in_size: int, out_size: int) -> "DataPlane":
@@ -114,6 +115,11 @@ class DataPlane:
         return self.size - self.in_size
 
     def close(self) -> None:
+        if self.pinned_ptr is not None:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(self.pinned_ptr)
+            self.pinned_ptr = None
         try:
             self.view.release()
             self.mm.close()
