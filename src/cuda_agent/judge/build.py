@@ -244,6 +244,7 @@ class Builder:
                 log_file.unlink()
 
 
+_NOISE = ("[", "FAILED", "ninja:", "Traceback", "File ", "subprocess.", "raise ", "RuntimeError", "The above")
 _ERROR_LINE = re.compile(r"(error|Error|ERROR|undefined reference|fatal)")
 
 
@@ -255,13 +256,12 @@ def trim_compiler_output(log: str, src_dir: Path | None = None, limit: int = 400
     lines = log.splitlines()
     keep: list[str] = []
     for i, line in enumerate(lines):
-        if _ERROR_LINE.search(line) and not line.lstrip().startswith(("FAILED:", "ninja:", "subprocess.", "Traceback",
-                                                                       "raise ", "File ")):
+        if _ERROR_LINE.search(line) and not line.lstrip().startswith(_NOISE):
             if "RuntimeError: Error building extension" in line or "CalledProcessError" in line:
                 continue
             keep.append(line.strip()[:400])
             for extra in lines[i + 1: i + 3]:
-                if extra.strip() and not _ERROR_LINE.search(extra) and not extra.startswith(("[", "FAILED")):
+                if extra.strip() and not _ERROR_LINE.search(extra) and not extra.lstrip().startswith(_NOISE):
                     keep.append("    " + extra.strip()[:400])
     text = "\n".join(dict.fromkeys(keep)) or "\n".join(lines[-30:])
     if len(text) > limit:

@@ -1,0 +1,223 @@
+"""Unit tests of the judge's pure parts: comparison, timing decisions, policy, transport, builds."""
+
+from __future__ import annotations
+
+import mmap
+import socket
+
+import pytest
+import torch
+
+from cuda_agent.judge import policy
+from cuda_agent.judge.build import BuildError, check_flags, inline_spec, trim_compiler_output
+from cuda_agent.judge.compare import compare_outputs, degenerate_warnings
+from cuda_agent.judge.protocol import MAX_MESSAGE_BYTES, Channel, ProtocolError
+from cuda_agent.judge.tensorio import TransportError, pack, unpack
+from cuda_agent.judge.timing import reconcile, summarize
+
+TOL = dict(atol=1e-2, rtol=1e-2, max_rel_l2={"float32": 1e-3})
+
+
+# -- comparison ---------------------------------------------------------------------------------
+
+def test_compare_accepts_exact_and_rejects_wrong_values():
+    x = torch.randn(64, 64)
+    assert compare_outputs([x], [x.clone()], **TOL).ok
+    bad = x.clone()
+    bad[3, 4] += 1.0
+    res = compare_outputs([x], [bad], **TOL)
+    assert not res.ok and "outside atol" in res.message
+
+
+def test_compare_structure_dtype_shape():
+    x = torch.randn(8)
+    assert "expected 1 output" in compare_outputs([x], [x, x], **TOL).message
+    assert "dtype" in compare_outputs([x], [x.double()], **TOL).message
+    assert "shape" in compare_outputs([x], [x.view(2, 4)], **TOL).message
+    assert "expected a tensor" in compare_outputs([x], [1.0], **TOL).message
+
+
+def test_compare_nan_and_inf_placement():
+    x = torch.randn(16)
+    x[2] = float("nan")
+    x[5] = float("inf")
+    assert compare_outputs([x], [x.clone()], **TOL).ok
+    y = x.clone()
+    y[3] = float("nan")
+    assert "NaN" in compare_outputs([x], [y], **TOL).message
+    z = x.clone()
+    z[5] = -float("inf")
+    assert "Inf" in compare_outputs([x], [z], **TOL).message
+
+
+def test_zero_output_of_tiny_reference_fails_normwise_check():
+    ref = torch.softmax(torch.randn(4, 100_000), dim=-1)  # every value far below atol
+    zeros = torch.zeros_like(ref)
+    res = compare_outputs([ref], [zeros], **TOL)
+    assert not res.ok and "relative L2" in res.message
+    assert any("all-zero output passes" in w for w in degenerate_warnings([[ref]], atol=1e-2, rtol=1e-2))
+
+
+def test_lower_precision_is_rejected_for_fp32():
+    a, b = torch.randn(256, 1024), torch.randn(1024, 256)
+    ref = a @ b
+    low = (a.bfloat16() @ b.bfloat16()).float()
+    assert not compare_outputs([ref], [low], atol=1.0, rtol=1.0, max_rel_l2={"float32": 1e-3}).ok
+
+
+def test_integer_outputs_compared_exactly():
+    x = torch.arange(10)
+    assert compare_outputs([x], [x.clone()], **TOL).ok
+    assert not compare_outputs([x], [x + 1], **TOL).ok
+
+
+def test_input_independent_reference_is_flagged():
+    c = torch.ones(10)
+    assert any("input-independent" in w for w in degenerate_warnings([[c], [c.clone()]], atol=1e-2, rtol=1e-2))
+
+
+# -- timing decisions ---------------------------------------------------------------------------
+
+def test_reconcile_believes_agreeing_clocks():
+    r = reconcile([1.0, 1.01, 0.99], [1.3, 1.31, 1.29], overhead_ms=0.25, rel_slack=0.25, abs_slack_ms=0.2)
+    assert r.believed and not r.gross_lie and r.timing.source == "events"
+    assert r.timing.median_ms == pytest.approx(1.0)
+
+
+def test_reconcile_uses_outside_clock_when_claim_is_low_and_flags_gross_lies():
+    mild = reconcile([1.0] * 5, [2.0] * 5, overhead_ms=0.2, rel_slack=0.25, abs_slack_ms=0.2)
+    assert not mild.believed and not mild.gross_lie
+    assert mild.timing.source == "wall" and mild.timing.median_ms == pytest.approx(1.8)
+    lie = reconcile([0.001] * 5, [1.9] * 5, overhead_ms=0.05, rel_slack=0.25, abs_slack_ms=0.2)
+    assert lie.gross_lie
+
+
+def test_summarize_reports_spread():
+    t = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert t.median_ms == 3.0 and t.min_ms == 1.0 and t.max_ms == 100.0 and t.n == 5
+
+
+# -- static policy ------------------------------------------------------------------------------
+
+GOOD_PY = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+ext = load_inline(name="k", cpp_sources="", functions=["relu_fwd"])
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.linear = nn.Linear(n, n)
+        self.k = ext
+    def forward(self, x):
+        y = torch.empty_like(x)
+        return self.k.relu_fwd(x.contiguous(), self.linear.weight, y)
+'''
+
+
+def test_honest_glue_passes_strict_python_policy():
+    assert policy.check_python(GOOD_PY, "strict") == []
+
+
+@pytest.mark.parametrize("snippet,needle", [
+    ("return torch.matmul(x, x)", "torch.matmul"),
+    ("return x.sum()", ".sum()"),
+    ("import os", "import of 'os'"),
+    ("getattr(torch, 'mat' + 'mul')", "getattr"),
+    ("torch._C._set_grad_enabled(False)", "private attribute"),
+    ("x.__class__", "__class__"),
+    ("torch.sys.modules", "module 'sys'"),
+])
+def test_strict_python_policy_refuses(snippet, needle):
+    src = GOOD_PY.replace("        y = torch.empty_like(x)\n", f"        y = torch.empty_like(x)\n        {snippet}\n")
+    found = policy.check_python(src, "strict")
+    assert any(needle in v for v in found), found
+
+
+def test_python_policy_refuses_try_and_subclass_even_when_lenient():
+    src = "import torch.nn as nn\nclass ModelNew(Model):\n    def forward(self, x):\n        try:\n            pass\n        except Exception:\n            pass\n"
+    found = policy.check_python(src, "lenient")
+    assert any("try/except" in v for v in found) and any("derive" in v for v in found)
+
+
+def test_cpp_policy():
+    ok = '#include <torch/types.h>\n// at::matmul would be wrong\ntorch::Tensor f(torch::Tensor x){ auto y = torch::empty_like(x); return y; }'
+    assert policy.check_cpp(ok, "k.cu", "strict") == []
+    bad = 'torch::Tensor f(torch::Tensor x){ return at::matmul(x, x).relu(); }'
+    found = policy.check_cpp(bad, "k.cu", "strict")
+    assert any("at::matmul" in v for v in found) and any(".relu" in v for v in found)
+    assert policy.check_cpp(bad, "k.cu", "lenient") == []
+    for evil in ('void* h = dlopen("x", 1);', "asm(\"nop\");", "std::thread t(f);", "cudaEventElapsedTime(&ms, a, b);",
+                 "#define CAT(a,b) a##b", 'FILE* f = fopen("/etc/passwd", "r");', "fork();"):
+        assert policy.check_cpp(evil, "k.cpp", "lenient"), evil
+
+
+def test_dispatch_and_kernel_checks():
+    assert policy.check_dispatched(["aten::empty.memory_format", "aten::view"], "strict") == []
+    assert policy.check_dispatched(["aten::mm"], "strict")
+    assert policy.check_dispatched(["aten::mm"], "lenient") == []
+    assert policy.check_kernels(["my_gemm_kernel(float const*, float*)"], "strict") == []
+    assert policy.check_kernels(["void at::native::vectorized_elementwise_kernel<4>(...)"], "strict")
+
+
+# -- builds ---------------------------------------------------------------------------------------
+
+def test_flags_allowlist():
+    assert check_flags(["-O3", "--use_fast_math", "-lcublas", "-DTILE=32", "-arch=sm_90a"]) == []
+    assert check_flags(["-fplugin=evil.so", "-Wl,--wrap=cudaEventElapsedTime"]) == ["-fplugin=evil.so", "-Wl,--wrap=cudaEventElapsedTime"]
+
+
+def test_inline_spec_matches_load_inline_layout_and_validates_names():
+    spec = inline_spec(name="k", cpp_sources="int f();", cuda_sources="int f(){return 1;}", functions=["f"],
+                       cflags=[], cuda_cflags=[], ldflags=[], with_cuda=None)
+    files = dict(spec.sources)
+    assert "PYBIND11_MODULE(TORCH_EXTENSION_NAME" in files["main.cpp"] and "cuda.cu" in files and spec.with_cuda
+    with pytest.raises(BuildError):
+        inline_spec(name="../evil", cpp_sources="", cuda_sources=None, functions=None, cflags=[], cuda_cflags=[],
+                    ldflags=[], with_cuda=None)
+    with pytest.raises(BuildError):
+        inline_spec(name="k", cpp_sources="", cuda_sources=None, functions=['f"); system("x'], cflags=[],
+                    cuda_cflags=[], ldflags=[], with_cuda=None)
+
+
+def test_compiler_output_is_trimmed_to_errors():
+    log = ("[1/3] c++ -MMD ... -c /b/src/main.cpp\nFAILED: main.o\n/b/src/main.cpp:3:5: error: 'foo' was not declared\n"
+           "    3 |     foo();\nninja: build stopped: subcommand failed.\nTraceback (most recent call last):\n"
+           "RuntimeError: Error building extension 'k'\n")
+    out = trim_compiler_output(log, None)
+    assert "error: 'foo' was not declared" in out and "Traceback" not in out and "ninja:" not in out
+
+
+# -- transport ------------------------------------------------------------------------------------
+
+def test_pack_unpack_roundtrip_and_hostile_metadata():
+    buf = mmap.mmap(-1, 1 << 16)
+    view = memoryview(buf)
+    values = [torch.randn(3, 4), 7, (torch.arange(5), 2.5), torch.tensor([True, False]), torch.randn(2).bfloat16()]
+    meta = pack(values, view, 0, 1 << 16)
+    back = unpack(meta, view, 0, 1 << 16)
+    assert torch.equal(back[0], values[0]) and back[1] == 7 and torch.equal(back[2][0], values[2][0])
+    assert torch.equal(back[3], values[3]) and torch.equal(back[4], values[4])
+    for hostile in ([{"t": "tensor", "dtype": "float32", "shape": [10], "offset": 1 << 20, "nbytes": 40}],
+                    [{"t": "tensor", "dtype": "float32", "shape": [10], "offset": 0, "nbytes": 4}],
+                    [{"t": "tensor", "dtype": "object", "shape": [1], "offset": 0, "nbytes": 8}],
+                    [{"t": "tensor", "dtype": "float32", "shape": [-1], "offset": 0, "nbytes": 4}],
+                    [{"t": "pickle", "value": "cos\nsystem\n"}], "not a list"):
+        with pytest.raises(TransportError):
+            unpack(hostile, view, 0, 1 << 16)
+    with pytest.raises(TransportError):
+        pack([torch.randn(1 << 15)], view, 0, 1 << 16)
+
+
+def test_channel_refuses_oversized_and_non_json_messages():
+    a, b = socket.socketpair()
+    ca, cb = Channel(a), Channel(b)
+    ca.send({"op": "x", "n": 1})
+    assert cb.recv(timeout=5) == {"op": "x", "n": 1}
+    a.sendall((MAX_MESSAGE_BYTES + 1).to_bytes(4, "big"))
+    with pytest.raises(ProtocolError):
+        cb.recv(timeout=5)
+    a2, b2 = socket.socketpair()
+    a2.sendall((3).to_bytes(4, "big") + b"\xff\xfe\x00")
+    with pytest.raises(ProtocolError):
+        Channel(b2).recv(timeout=5)
