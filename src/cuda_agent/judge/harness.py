@@ -207,9 +207,12 @@ class Judge:
         proc = None
         try:
             poison = out_bytes if dev == "cuda" else 0
+            t_phase = time.monotonic()
             compiled_timing = self._compiled_baseline(task, ref, ref_model) if cfg.compile_mode != "none" else None
+            v.phase_s["baseline"] = time.monotonic() - t_phase
             v.compiled_ref = compiled_timing
 
+            t_phase = time.monotonic()
             proc, chan = self._spawn(task, cand, plane, library, v)
             init_meta = pack(init_args, plane.view, 0, plane.in_size)
             init_end = max([m["offset"] + m.get("nbytes", 0) for m in init_meta if m["t"] == "tensor"] + [0])
@@ -221,10 +224,13 @@ class Judge:
                        "init_args": init_meta, "state": state_meta, "state_names": list(state_names),
                        "init_seed": init_seed, "flush": cfg.flush_l2, "poison_bytes": poison})
             ready = self._serve_init(chan, proc, v, min(deadline, time.monotonic() + cfg.init_timeout_s))
+            v.phase_s["start"] = time.monotonic() - t_phase - (v.phase_s.get("build") or 0.0)
             if ready.get("unmatched"):
                 v.notes.append(f"parameters not copied from Model (different name or shape): "
                                f"{', '.join(ready['unmatched'][:8])}")
+            t_phase = time.monotonic()
             self._run_calls(ref, ref_model, chan, proc, plane, call_seeds, v, deadline)
+            v.phase_s["calls"] = time.monotonic() - t_phase
             try:
                 chan.send({"op": "exit"})
             except OSError:
@@ -265,6 +271,7 @@ class Judge:
             raise _Stop(FC.COMPILE_TIMEOUT if exc.timeout else FC.COMPILE, str(exc)) from None
         v.compiled = True
         v.build_s = (v.build_s or 0.0) + result.seconds
+        v.phase_s["build"] = v.build_s
         v.build_cached = result.cached if v.build_cached is None else (v.build_cached and result.cached)
         return result.library
 

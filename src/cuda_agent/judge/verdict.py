@@ -79,6 +79,7 @@ class Verdict(BaseModel):
     build_s: float | None = None
     build_cached: bool | None = None
     judge_s: float | None = None
+    phase_s: dict[str, float] = Field(default_factory=dict)  # where the time went: build, baseline, start, calls
     max_abs_err: float | None = None
     max_rel_l2_err: float | None = None
     n_checked: int = 0
@@ -141,6 +142,7 @@ class Verdict(BaseModel):
             "build_s": self.build_s,
             "build_cached": self.build_cached,
             "judge_s": self.judge_s,
+            "phase_s": dict(self.phase_s),
             "task_warnings": list(self.task_warnings),
             "notes": list(self.notes),
             "isolation": list(self.isolation),
