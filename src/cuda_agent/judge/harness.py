@@ -36,7 +36,7 @@ from .build import Builder, BuildError, BuildSpec, inline_spec, workspace_spec
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError
-from .sandbox import SandboxSpec, Sandboxed, is_root, new_workdir, python_argv
+from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import CacheFlusher, CallTimer, reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Timing, Verdict
@@ -121,6 +121,7 @@ class Judge:
         self._flusher: CacheFlusher | None = None
         self._timer: CallTimer | None = None
         self._rtt_ms: float | None = None
+        self._zygote: Zygote | None = None
 
     # -------------------------------------------------------------------------------- public
     def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
@@ -159,6 +160,9 @@ class Judge:
 
     def close(self) -> None:
         self._references.clear()
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
 
     def __enter__(self) -> "Judge":
         return self
@@ -224,6 +228,7 @@ class Judge:
                        "init_args": init_meta, "state": state_meta, "state_names": list(state_names),
                        "init_seed": init_seed, "flush": cfg.flush_l2, "poison_bytes": poison})
             ready = self._serve_init(chan, proc, v, min(deadline, time.monotonic() + cfg.init_timeout_s))
+            proc.probe_isolation()
             v.phase_s["start"] = time.monotonic() - t_phase - (v.phase_s.get("build") or 0.0)
             if ready.get("unmatched"):
                 v.notes.append(f"parameters not copied from Model (different name or shape): "
@@ -295,9 +300,10 @@ class Judge:
             argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), str(plane.fd),
                              str(plane.size), str(plane.in_size)),
             workdir=workdir, uid=self.uid, pass_fds=(child_sock.fileno(), plane.fd), env=env,
-            address_space_mb=(self.config.memory_limit_mb + 8192) if self.device == "cpu" else None)
+            address_space_mb=(self.config.memory_limit_mb + 8192) if self.device == "cpu" else None,
+            target="worker", target_args=[plane.size, plane.in_size])
         try:
-            proc = Sandboxed(spec)
+            proc = Sandboxed(spec, self._get_zygote())
         finally:
             child_sock.close()
         self._live.append(proc)
@@ -565,6 +571,13 @@ class Judge:
         ptr = ctypes.addressof(ctypes.c_char.from_buffer(plane.mm))
         if torch.cuda.cudart().cudaHostRegister(ptr, plane.size, 0) == 0:
             plane.pinned_ptr = ptr
+
+    def _get_zygote(self) -> Zygote | None:
+        if not self.config.use_zygote:
+            return None
+        if self._zygote is None or self._zygote.proc.poll() is not None:
+            self._zygote = Zygote()
+        return self._zygote
 
     def _get_flusher(self) -> CacheFlusher:
         if self._flusher is None:

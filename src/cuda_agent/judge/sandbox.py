@@ -18,10 +18,12 @@ context; device memory is per process), CPU time of other processes (only wall-c
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,13 +56,18 @@ class SandboxSpec:
     max_file_mb: int = 2048
     max_procs: int = 512
     isolate_network: bool = True
-    log_limit_bytes: int = 1 << 20
+    target: str | None = None            # "worker" or "buildjob": what a zygote fork runs
+    target_args: list = field(default_factory=list)
 
 
 class Sandboxed:
-    """A running sandboxed process. Always `kill()` it (idempotent)."""
+    """A running sandboxed process. Always `cleanup()` it (idempotent).
 
-    def __init__(self, spec: SandboxSpec):
+    Started either as a fresh interpreter (`spec.argv`) or, when a `Zygote` is given and the spec
+    names a `target`, forked from a trusted process that has already imported torch.
+    """
+
+    def __init__(self, spec: SandboxSpec, zygote: "Zygote | None" = None):
         self.spec = spec
         spec.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = spec.workdir / "process.log"
@@ -76,55 +83,42 @@ class Sandboxed:
                     "TRITON_CACHE_DIR": str(spec.workdir / "triton"), "XDG_CACHE_HOME": str(spec.workdir / "cache")})
         env.update(spec.env)
         self.env = env
+        self.setup = {"workdir": str(spec.workdir), "uid": self.uid, "cgroup": self.cgroup,
+                      "max_file_mb": spec.max_file_mb, "max_procs": spec.max_procs,
+                      "address_space_mb": spec.address_space_mb, "isolate_network": spec.isolate_network}
         self.isolation: list[str] = ["own session", "scrubbed env", "rlimits", "parent-death kill"]
-        log = open(self.log_path, "wb")
-        try:
-            self.proc = subprocess.Popen(
-                spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                pass_fds=spec.pass_fds, start_new_session=True, preexec_fn=self._preexec, close_fds=True,
-            )
-        finally:
-            log.close()
+        if zygote is not None and spec.target is not None and zygote.usable():
+            log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                if self.uid is not None:
+                    os.fchown(log_fd, self.uid, self.uid)
+                pid = zygote.spawn(spec.target, spec.target_args, (*spec.pass_fds, log_fd),
+                                   dict(self.setup, env=env))
+            finally:
+                os.close(log_fd)
+            self.proc = _ZygoteChild(zygote, pid)
+            self.isolation.append("forked from a clean zygote")
+        else:
+            log = open(self.log_path, "wb")
+            try:
+                self.proc = subprocess.Popen(
+                    spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    pass_fds=spec.pass_fds, start_new_session=True, close_fds=True,
+                    preexec_fn=lambda: enter_sandbox(self.setup))
+            finally:
+                log.close()
         self.pid = self.proc.pid
         self.started = time.monotonic()
         if self.uid is not None:
             self.isolation.append(f"uid {self.uid}")
         if self.cgroup is not None:
             self.isolation.append(f"pids cgroup (max {spec.max_procs})")
-        if spec.isolate_network and is_root() and _netns(self.pid) not in (None, _netns(os.getpid())):
-            self.isolation.append("no network")
 
-    def _preexec(self) -> None:  # runs in the child between fork and exec
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        spec = self.spec
-        if self.cgroup is not None:
-            try:
-                with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as fh:
-                    fh.write(str(os.getpid()))
-            except OSError:
-                pass
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        fsize = spec.max_file_mb << 20
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
-        if spec.address_space_mb:
-            limit = spec.address_space_mb << 20
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        if is_root():
-            if spec.isolate_network:
-                _libc.unshare(CLONE_NEWNET)  # best effort: containers may forbid it
-            if self.uid is not None:
-                os.setgroups([])
-                os.setgid(self.uid)
-                resource.setrlimit(resource.RLIMIT_NPROC, (spec.max_procs, spec.max_procs))
-                os.setuid(self.uid)
-        else:
-            # RLIMIT_NPROC counts all of the user's processes; leave room for what already runs.
-            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-            want = _count_user_procs() + spec.max_procs
-            if hard == resource.RLIM_INFINITY or want <= hard:
-                resource.setrlimit(resource.RLIMIT_NPROC, (want, hard))
-        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    def probe_isolation(self) -> None:
+        """Record network isolation as seen from outside (call once the process is running)."""
+        if self.spec.isolate_network and is_root() and _netns(self.pid) not in (None, _netns(os.getpid())):
+            if "no network" not in self.isolation:
+                self.isolation.append("no network")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -198,6 +192,111 @@ class Sandboxed:
                         pass
         if remove_workdir:
             _remove(self.spec.workdir)
+
+
+def enter_sandbox(setup: dict) -> None:
+    """Runs in the new process before any untrusted code: limits, namespaces, then the uid drop."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if setup.get("cgroup"):
+        try:
+            with open(os.path.join(setup["cgroup"], "cgroup.procs"), "w") as fh:
+                fh.write(str(os.getpid()))
+        except OSError:
+            pass
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    fsize = setup["max_file_mb"] << 20
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+    if setup.get("address_space_mb"):
+        limit = setup["address_space_mb"] << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    uid = setup.get("uid")
+    if is_root():
+        if setup.get("isolate_network"):
+            _libc.unshare(CLONE_NEWNET)  # best effort: containers may forbid it
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            resource.setrlimit(resource.RLIMIT_NPROC, (setup["max_procs"], setup["max_procs"]))
+            os.setuid(uid)
+    else:
+        # RLIMIT_NPROC counts all of the user's processes; leave room for what already runs.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        want = _count_user_procs() + setup["max_procs"]
+        if hard == resource.RLIM_INFINITY or want <= hard:
+            resource.setrlimit(resource.RLIMIT_NPROC, (want, hard))
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+class _ZygoteChild:
+    """The `subprocess.Popen` surface the judge uses, for a process forked by the zygote."""
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self.zygote, self.pid, self.returncode = zygote, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+
+class Zygote:
+    """A trusted process that imports torch and the harness once, then forks one process per
+    candidate: a candidate process starts in milliseconds instead of seconds. It never runs
+    candidate code itself and never initialises CUDA (a forked CUDA context is unusable)."""
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen(python_argv("cuda_agent.judge.zygote", str(theirs.fileno())),
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                     preexec_fn=lambda: _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
+        theirs.close()
+        self._ok: bool | None = None
+
+    def usable(self) -> bool:
+        if self._ok is None:
+            try:
+                self._ok = bool(self._request({"op": "hello"}, timeout=120).get("ok"))
+            except (OSError, ValueError):
+                self._ok = False
+        return self._ok
+
+    def _request(self, msg: dict, fds=(), timeout: float = 30) -> dict:
+        with self._lock:
+            self.sock.settimeout(timeout)
+            socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+            data = self.sock.recv(1 << 16)
+        if not data:
+            raise OSError("zygote exited")
+        return json.loads(data)
+
+    def spawn(self, target: str, args: list, fds, setup: dict) -> int:
+        reply = self._request({"op": "spawn", "target": target, "args": list(args), "setup": setup}, fds)
+        if "pid" not in reply:
+            raise OSError(f"zygote could not start a process: {reply.get('error')}")
+        return int(reply["pid"])
+
+    def status(self, pid: int) -> int | None:
+        reply = self._request({"op": "status", "pid": pid})
+        return reply.get("returncode")
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            self.proc.kill()
+            self.proc.wait()
 
 
 _UID_USABLE: bool | None = None
