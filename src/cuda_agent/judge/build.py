@@ -145,7 +145,7 @@ class Builder:
     """Builds specs into the shared library cache. Thread-safe across processes via file locks."""
 
     def __init__(self, cache_dir: Path, work_root: Path, *, arch: str | None, timeout_s: float,
-                 uid: int | None, jobs: int | None = None):
+                 uid: int | None, jobs: int | None = None, zygote=None):
         self.lib_dir = cache_dir / "ext"
         self.build_root = work_root / "build"
         self.lib_dir.mkdir(parents=True, exist_ok=True)
@@ -156,6 +156,7 @@ class Builder:
         self.uid = uid
         self.jobs = jobs or os.cpu_count() or 2
         self.fingerprint = toolchain_fingerprint(arch)
+        self.zygote = zygote  # callable returning a Zygote (or None): saves the interpreter start
 
     def lookup(self, spec: BuildSpec) -> Path | None:
         lib = self.lib_dir / spec.key(self.fingerprint) / f"{spec.name}.so"
@@ -228,7 +229,9 @@ class Builder:
             env["TORCH_CUDA_ARCH_LIST"] = self.arch
         proc = Sandboxed(SandboxSpec(
             argv=python_argv("cuda_agent.judge.buildjob", str(bdir / "job.json")),
-            workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096))
+            workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096,
+            target="buildjob", target_args=[str(bdir / "job.json")]),
+            self.zygote() if self.zygote else None)
         try:
             try:
                 proc.proc.wait(timeout=self.timeout_s)

@@ -109,10 +109,11 @@ class Judge:
         self.arch = arch
         self.uid = (config.sandbox_uid or 61000 + os.getpid() % 4000) if is_root() else None
         self.work_root = _work_root()
+        self._zygote: Zygote | None = None
         # Builds run under their own uid: cleaning up after a build kills every process of its uid,
         # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
-                               uid=None if self.uid is None else self.uid + 5000)
+                               uid=None if self.uid is None else self.uid + 5000, zygote=self._get_zygote)
         self.baseline_dir = config.cache_dir / "baselines"
         self.baseline_dir.mkdir(parents=True, exist_ok=True)
         self._integrity = _package_files()
@@ -121,7 +122,6 @@ class Judge:
         self._flusher: CacheFlusher | None = None
         self._timer: CallTimer | None = None
         self._rtt_ms: float | None = None
-        self._zygote: Zygote | None = None
 
     # -------------------------------------------------------------------------------- public
     def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
