@@ -46,8 +46,17 @@ class JudgeConfig(BaseModel):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "none"] = Field(
         "default", description="torch.compile mode of the compiled baseline; 'none' skips it")
     flush_l2: bool = Field(True, description="overwrite the cache between calls so every call starts cold")
-    timing_rel_slack: float = Field(0.25, description="outside clock may exceed the claimed time by this fraction")
-    timing_abs_slack_ms: float = Field(0.2, description="... plus this many ms, before the claim is disbelieved")
+    timing_rel_slack: float | None = Field(
+        None, description="outside clock may exceed the claimed time by this fraction "
+                          "(default 0.25 on cuda; 0.5 on cpu, where the outside clock is CPU time)")
+    timing_abs_slack_ms: float | None = Field(
+        None, description="... plus this many ms before the claim is disbelieved (default 0.2 cuda, 1.0 cpu)")
+
+    def slack(self) -> tuple[float, float]:
+        rel = self.timing_rel_slack if self.timing_rel_slack is not None else (0.25 if self.device == "cuda" else 0.5)
+        abs_ms = self.timing_abs_slack_ms if self.timing_abs_slack_ms is not None else (
+            0.2 if self.device == "cuda" else 1.0)
+        return rel, abs_ms
     build_timeout_s: float = Field(300.0, description="limit on one build")
     init_timeout_s: float = Field(120.0, description="limit on loading the candidate and constructing ModelNew")
     call_timeout_s: float = Field(30.0, description="limit on one forward call")

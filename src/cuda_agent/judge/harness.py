@@ -102,6 +102,7 @@ class Judge:
             raise JudgeError("device 'cuda' requested but CUDA is not available (use --device cpu)")
         self.device_name = (torch.cuda.get_device_name(0) if self.device == "cuda"
                             else f"cpu x{os.cpu_count()}")
+        self._cores = len(os.sched_getaffinity(0)) or 1
         arch = config.arch
         if self.device == "cuda" and arch is None:
             major, minor = torch.cuda.get_device_capability(0)
@@ -296,6 +297,8 @@ class Judge:
         env = {}
         if self.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
+            # idle OpenMP threads must sleep, not spin: spinning would be charged to the next call
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
         spec = SandboxSpec(
             argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), str(plane.fd),
                              str(plane.size), str(plane.in_size)),
@@ -458,11 +461,13 @@ class Judge:
             ready = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
             if not ready.get("ok"):
                 self._raise_reported(ready, v)
+            cpu_before = _cpu_ns(proc.pid) if dev == "cpu" else None
             t_send = time.perf_counter()
             chan.send({"op": "call", "index": i, "inputs": meta, "record": i in recorded,
                        "echo_inputs": i in echoed})
             reply = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
             t_recv = time.perf_counter()
+            cpu_ms = None if cpu_before is None else (_cpu_ns(proc.pid) - cpu_before) / 1e6
             if not reply.get("ok"):
                 self._raise_reported(reply, v)
             self._blocked(reply, v)
@@ -479,7 +484,8 @@ class Judge:
             v.max_abs_err = max(v.max_abs_err or 0.0, cmp.max_abs_err)
             v.max_rel_l2_err = max(v.max_rel_l2_err or 0.0, cmp.rel_l2_err)
             record = CallRecord(index=i, role=roles[i], inside_ms=_num(reply.get("inside_ms")),
-                                outside_ms=(t_recv - t_send) * 1e3, max_abs_err=cmp.max_abs_err,
+                                outside_ms=(t_recv - t_send) * 1e3 if cpu_ms is None else cpu_ms / self._cores,
+                                max_abs_err=cmp.max_abs_err,
                                 rel_l2_err=cmp.rel_l2_err, ok=cmp.ok)
             v.calls.append(record)
             if not cmp.ok:
@@ -502,14 +508,17 @@ class Judge:
                 inside.append(record.inside_ms)
                 outside.append(record.outside_ms)
                 eager.append(eager_ms)
-                overhead.append((t_b - t_a) * 1e3 - eager_ms)
+                # transport cost of the same call, measured here (on the CPU backend in CPU time)
+                overhead.append(((t_b - t_a) * 1e3 - eager_ms) / (self._cores if dev == "cpu" else 1))
         v.correct = True
         v.task_warnings = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
         if len(inside) < 2:
             raise _Stop(FC.JUDGE, "too few timed calls to report a time")
-        rtt = self._round_trip_ms({"op": "call", "index": 0, "inputs": meta, "record": False, "echo_inputs": False})
-        rec = reconcile(inside, outside, statistics.median(overhead) + rtt, rel_slack=cfg.timing_rel_slack,
-                        abs_slack_ms=cfg.timing_abs_slack_ms)
+        rtt = 0.0 if dev == "cpu" else self._round_trip_ms(
+            {"op": "call", "index": 0, "inputs": meta, "record": False, "echo_inputs": False})
+        rel_slack, abs_slack = cfg.slack()
+        rec = reconcile(inside, outside, statistics.median(overhead) + rtt, rel_slack=rel_slack,
+                        abs_slack_ms=abs_slack)
         v.runtime = rec.timing
         v.eager = summarize(eager)
         if rec.note:
@@ -576,7 +585,7 @@ class Judge:
         if not self.config.use_zygote:
             return None
         if self._zygote is None or self._zygote.proc.poll() is not None:
-            self._zygote = Zygote()
+            self._zygote = Zygote(env={"OMP_WAIT_POLICY": "PASSIVE"} if self.device == "cpu" else {})
         return self._zygote
 
     def _get_flusher(self) -> CacheFlusher:
@@ -625,6 +634,27 @@ class Judge:
             tmp.write_text(timing.model_dump_json())
             os.replace(tmp, path)
         return timing
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time (ns) the process's threads have run so far, from the kernel's scheduler statistics.
+
+    On the CPU backend this is the outside clock: unlike wall time it does not grow while the
+    process waits for a core on a loaded machine, and the candidate cannot change it. Divided by
+    the number of cores it is a lower bound of the wall time the work needed.
+    """
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def _num(x) -> float | None:

@@ -253,13 +253,14 @@ class Zygote:
     candidate: a candidate process starts in milliseconds instead of seconds. It never runs
     candidate code itself and never initialises CUDA (a forked CUDA context is unusable)."""
 
-    def __init__(self):
+    def __init__(self, env: dict[str, str] | None = None):
         import threading
 
         self._lock = threading.Lock()
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(python_argv("cuda_agent.judge.zygote", str(theirs.fileno())),
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **(env or {})},
                                      preexec_fn=lambda: _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
         theirs.close()
         self._ok: bool | None = None

@@ -1,0 +1,26 @@
+# Level 1: sum reduction along the last dimension.
+# estimate on H200: 49152 x 32768 fp32 = 6.4 GB read (output 192 KB) / 4 TB/s ~= 1.6 ms (memory-bound)
+# measured eager on H200 (torch 2.11, median of 10 calls): 1.48 ms
+import torch
+import torch.nn as nn
+
+ROWS = 49152
+COLS = 32768
+
+
+class Model(nn.Module):
+    """y[i] = sum_j x[i, j]."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sum(x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs():
+    return []

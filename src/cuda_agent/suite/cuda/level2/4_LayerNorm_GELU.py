@@ -1,0 +1,32 @@
+# Level 2: LayerNorm over the last dimension followed by exact GELU.
+# estimate on H200: 131072 x 4096 fp32 (2.1 GB); eager: LayerNorm 4.3 GB + GELU 4.3 GB = 8.6 GB / 4 TB/s ~= 2.1 ms
+#   (fused: 4.3 GB ~= 1.1 ms)
+# measured eager on H200 (torch 2.11, median of 10 calls): 2.42 ms
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROWS = 131072
+DIM = 4096
+
+
+class Model(nn.Module):
+    """y = gelu(LayerNorm(x))."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=1e-5)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.norm(x))
+
+
+def get_inputs():
+    return [torch.randn(ROWS, DIM) * 2.0 - 0.5]
+
+
+def get_init_inputs():
+    return [DIM]

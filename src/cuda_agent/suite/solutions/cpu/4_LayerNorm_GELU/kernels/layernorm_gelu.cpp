@@ -1,0 +1,47 @@
+// y = gelu(LayerNorm(x) * w + b) over the last dimension (float32, CPU), rows across OpenMP threads.
+// Per row: vectorised mean, vectorised variance of the centred values, then normalise + GELU (with the
+// branch-free erf of vec_math.h) while writing.
+#include <torch/types.h>
+#include <cmath>
+
+#include "vec_math.h"
+
+torch::Tensor layernorm_gelu_forward(torch::Tensor x, torch::Tensor weight, torch::Tensor bias, double eps) {
+    for (const auto& t : {x, weight, bias}) {
+        TORCH_CHECK(t.device().is_cpu(), "layernorm_gelu_forward: CPU tensors expected");
+        TORCH_CHECK(t.dtype() == torch::kFloat32, "layernorm_gelu_forward: float32 tensors expected");
+        TORCH_CHECK(t.is_contiguous(), "layernorm_gelu_forward: contiguous tensors expected");
+    }
+    TORCH_CHECK(x.dim() >= 1, "layernorm_gelu_forward: x needs a last dimension");
+    const int64_t dim = x.size(x.dim() - 1);
+    TORCH_CHECK(dim > 0 && weight.numel() == dim && bias.numel() == dim, "layernorm_gelu_forward: weight/bias size mismatch");
+    auto y = torch::empty_like(x);
+    const int64_t rows = x.numel() / dim;
+    const float* xp = x.data_ptr<float>();
+    const float* wp = weight.data_ptr<float>();
+    const float* bp = bias.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const float feps = (float)eps;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = xp + r * dim;
+        float* yr = yp + r * dim;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < dim; ++j) sum += xr[j];
+        const float mean = sum / (float)dim;
+        float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+        for (int64_t j = 0; j < dim; ++j) {
+            const float d = xr[j] - mean;
+            sq += d * d;
+        }
+        const float rstd = 1.0f / std::sqrt(sq / (float)dim + feps);
+#pragma omp simd
+        for (int64_t j = 0; j < dim; ++j) {
+            const float v = (xr[j] - mean) * rstd * wp[j] + bp[j];
+            yr[j] = 0.5f * v * (1.0f + verf(v * 0.7071067811865475f));
+        }
+    }
+    return y;
+}
