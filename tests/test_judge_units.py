@@ -87,7 +87,7 @@ def test_reconcile_believes_agreeing_clocks():
 def test_reconcile_uses_outside_clock_when_claim_is_low_and_flags_gross_lies():
     mild = reconcile([1.0] * 5, [2.0] * 5, overhead_ms=0.2, rel_slack=0.25, abs_slack_ms=0.2)
     assert not mild.believed and not mild.gross_lie
-    assert mild.timing.source == "wall" and mild.timing.median_ms == pytest.approx(1.8)
+    assert mild.timing.source == "outside" and mild.timing.median_ms == pytest.approx(1.8)
     lie = reconcile([0.001] * 5, [1.9] * 5, overhead_ms=0.05, rel_slack=0.25, abs_slack_ms=0.2)
     assert lie.gross_lie
 

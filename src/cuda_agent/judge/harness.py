@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel
 
 from cuda_agent.candidate import Candidate
 from cuda_agent.reward import reward_of
@@ -84,6 +85,65 @@ class _Reference:
         self.get_init_inputs = module.get_init_inputs
 
 
+_HARNESS_VERSION = 3  # bump when the call protocol changes: cached baselines depend on it
+
+
+class _Baseline(BaseModel):
+    timing: Timing
+    overhead_ms: float   # median outside-clock cost of a call beyond the work (null) or its claim
+
+
+class _Setup:
+    def __init__(self, init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs):
+        self.init_seed, self.init_args, self.ref_model = init_seed, init_args, ref_model
+        self.state_names, self.state_values = state_names, state_values
+        self.in_bytes, self.out_bytes, self.outputs = in_bytes, out_bytes, outputs
+
+
+class _Session:
+    def __init__(self, proc: Sandboxed, chan: Channel, plane: DataPlane):
+        self.proc, self.chan, self.plane = proc, chan, plane
+        self.ready: dict = {}
+
+    def close(self) -> None:
+        try:
+            self.chan.send({"op": "exit"})
+        except OSError:
+            pass
+        self.chan.close()
+        self.proc.cleanup()
+        self.plane.close()
+
+
+def _scratch_verdict(task: Task) -> Verdict:
+    return Verdict(task_id=task.id, task_name=task.name, candidate_hash="baseline", device="")
+
+
+def _baseline_source(mode: str, outputs: list) -> str:
+    """A trusted ModelNew for baseline runs: the reference itself, torch.compile of it, or a null
+    model that returns correctly shaped, uncomputed outputs."""
+    head = "import torch\nfrom model import Model\n\n"
+    if mode == "eager":
+        return head + "class ModelNew(Model):\n    pass\n"
+    if mode == "null":
+        shapes = [o for o in outputs if o is not None]
+        lines = ", ".join(f"torch.empty({shape!r}, dtype=torch.{dtype}, device=self.dev.device)"
+                          for shape, dtype in shapes)
+        ret = f"({lines},)" if len(shapes) != 1 else lines
+        return head + ("class ModelNew(torch.nn.Module):\n"
+                       "    def __init__(self, *args, **kwargs):\n"
+                       "        super().__init__()\n"
+                       "        self.dev = torch.nn.Parameter(torch.empty(0), requires_grad=False)\n"
+                       "    def forward(self, *inputs):\n"
+                       f"        return {ret}\n")
+    return head + ("class ModelNew(Model):\n"
+                   "    def __init__(self, *args, **kwargs):\n"
+                   "        super().__init__(*args, **kwargs)\n"
+                   f"        self.compiled = torch.compile(super().forward, mode={mode!r})\n"
+                   "    def forward(self, *inputs):\n"
+                   "        return self.compiled(*inputs)\n")
+
+
 def _to_list(out) -> list:
     if isinstance(out, torch.Tensor):
         return [out]
@@ -119,10 +179,9 @@ class Judge:
         self.baseline_dir.mkdir(parents=True, exist_ok=True)
         self._integrity = _package_files()
         self._references: dict[str, _Reference] = {}
-        self._compiled_timing: dict[str, Timing] = {}
+        self._baselines: dict[str, _Baseline] = {}
         self._flusher: CacheFlusher | None = None
         self._timer: CallTimer | None = None
-        self._rtt_ms: float | None = None
 
     # -------------------------------------------------------------------------------- public
     def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
@@ -179,72 +238,228 @@ class Judge:
 
         library = None
         if cand.kind == "workspace":
-            spec = self._workspace_spec(cand)
-            library = self._build(spec, v)
+            library = self._build(self._workspace_spec(cand), v)
         else:
             v.compiled = True  # set back to False if a load_inline build fails
 
         ref = self._reference(task)
-        init_seed = secrets.randbits(31)
-        call_seeds = [secrets.randbits(63) for _ in range(cfg.n_check + cfg.n_warmup + cfg.n_timed)]
-        v.seeds = {"init": init_seed}
-        dev = self.device
+        t_phase = time.monotonic()
+        eager = self._baseline(task, ref, "eager")
+        null = self._baseline(task, ref, "null")
+        v.eager = eager.timing
+        if cfg.compile_mode != "none":
+            v.compiled_ref = self._baseline(task, ref, cfg.compile_mode).timing
+        v.phase_s["baseline"] = time.monotonic() - t_phase
+
+        setup = self._setup(task, ref, secrets.randbits(31))
+        v.seeds = {"init": setup.init_seed}
+        t_phase = time.monotonic()
+        session = self._start(task, cand.model_new, library, setup, v, deadline, trusted=False)
+        v.isolation = session.proc.isolation
+        v.phase_s["start"] = time.monotonic() - t_phase - (v.phase_s.get("build") or 0.0)
+        try:
+            if session.ready.get("unmatched"):
+                v.notes.append(f"parameters not copied from Model (different name or shape): "
+                               f"{', '.join(session.ready['unmatched'][:8])}")
+            t_phase = time.monotonic()
+            n = cfg.n_check + cfg.n_warmup + cfg.n_timed
+            roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
+            rng = random.Random(secrets.randbits(64))
+            recorded = {0} | set(rng.sample(range(1, n), k=min(2, n - 1)))
+            inside, outside = self._drive(session, ref, setup, roles, v, recorded, deadline)
+            v.phase_s["calls"] = time.monotonic() - t_phase
+        finally:
+            session.close()
+        v.correct = True
+        rel_slack, abs_slack = cfg.slack()
+        rec = reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
+                        cores=self._cores if self.device == "cpu" else 1)
+        v.runtime = rec.timing
+        if rec.note:
+            v.notes.append(rec.note)
+        if rec.gross_lie:
+            v.correct = False
+            raise _Stop(FC.TIMING, rec.note)
+
+    def _setup(self, task: Task, ref: _Reference, init_seed: int) -> "_Setup":
+        """The reference model under `init_seed`, its weights and the transport sizes."""
+        cfg = self.config
         torch.manual_seed(init_seed)
         init_args = list(ref.get_init_inputs())
-        ref_model = ref.Model(*init_args).to(dev)
-        state_names, state_values = zip(*ref_model.state_dict().items()) if ref_model.state_dict() else ((), ())
-        state_values = [t.detach().cpu() for t in state_values]
-
-        sample_inputs = self._inputs(ref, call_seeds[0], 0)
+        ref_model = ref.Model(*init_args).to(self.device)
+        items = list(ref_model.state_dict().items())
+        state_names = [k for k, _ in items]
+        state_values = [t.detach().cpu() for _, t in items]
+        probe_inputs = self._inputs(ref, secrets.randbits(63), 0)
         with torch.no_grad():
-            expected_probe = _to_list(ref_model(*sample_inputs))
-        out_bytes = nbytes_of(expected_probe)
-        sample_bytes = nbytes_of(sample_inputs)
-        del sample_inputs, expected_probe
+            probe = _to_list(ref_model(*probe_inputs))
+        out_bytes = nbytes_of(probe)
         if out_bytes > cfg.max_output_mb << 20:
             raise JudgeError(f"task {task.name}: reference output of {out_bytes >> 20} MiB exceeds max_output_mb")
-        in_bytes = max(nbytes_of(state_values) + nbytes_of(init_args), 0) + (1 << 20)
-        in_bytes = max(in_bytes, sample_bytes + (1 << 20))
+        in_bytes = max(nbytes_of(state_values) + nbytes_of(init_args), nbytes_of(probe_inputs)) + (1 << 20)
+        outputs = [(list(t.shape), str(t.dtype).removeprefix("torch.")) if isinstance(t, torch.Tensor) else None
+                   for t in probe]
+        return _Setup(init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs)
+
+    def _start(self, task: Task, model_new: str, library: Path | None, setup: "_Setup", v: Verdict | None,
+               deadline: float, trusted: bool) -> "_Session":
+        """Start a process running `model_new` under the call protocol and construct its ModelNew."""
+        cfg = self.config
         # The output half holds exactly what a correct candidate returns (plus slack); anything
         # larger is wrong anyway and is reported as such by the candidate's own harness.
-        plane = DataPlane.create(in_bytes, out_bytes + (1 << 20))
+        plane = DataPlane.create(setup.in_bytes, setup.out_bytes + (1 << 20))
         self._pin(plane)
-        proc = None
         try:
-            poison = out_bytes if dev == "cuda" else 0
-            t_phase = time.monotonic()
-            compiled_timing = self._compiled_baseline(task, ref, ref_model) if cfg.compile_mode != "none" else None
-            v.phase_s["baseline"] = time.monotonic() - t_phase
-            v.compiled_ref = compiled_timing
-
-            t_phase = time.monotonic()
-            proc, chan = self._spawn(task, cand, plane, library, v)
-            init_meta = pack(init_args, plane.view, 0, plane.in_size)
+            proc, chan = self._spawn(task, model_new, plane, library)
+        except BaseException:
+            plane.close()
+            raise
+        session = _Session(proc, chan, plane)
+        try:
+            init_meta = pack(setup.init_args, plane.view, 0, plane.in_size)
             init_end = max([m["offset"] + m.get("nbytes", 0) for m in init_meta if m["t"] == "tensor"] + [0])
-            state_meta = pack(state_values, plane.view, (init_end + 63) // 64 * 64,
-                              plane.in_size - init_end - 64)
-            chan.send({"device": dev, "candidate_path": str(proc.spec.workdir / "model_new.py"),
+            start = (init_end + 63) // 64 * 64
+            state_meta = pack(setup.state_values, plane.view, start, plane.in_size - start)
+            chan.send({"device": self.device, "candidate_path": str(proc.spec.workdir / "model_new.py"),
                        "reference_path": str(proc.spec.workdir / "model.py"),
                        "library": str(proc.spec.workdir / "cuda_extension.so") if library else None,
-                       "init_args": init_meta, "state": state_meta, "state_names": list(state_names),
-                       "init_seed": init_seed, "flush": cfg.flush_l2, "poison_bytes": poison})
-            ready = self._serve_init(chan, proc, v, min(deadline, time.monotonic() + cfg.init_timeout_s))
+                       "init_args": init_meta, "state": state_meta, "state_names": setup.state_names,
+                       "init_seed": setup.init_seed, "flush": cfg.flush_l2, "trusted": trusted,
+                       "poison_bytes": setup.out_bytes if self.device == "cuda" else 0})
+            session.ready = self._serve_init(chan, proc, v if v is not None else _scratch_verdict(task),
+                                             min(deadline, time.monotonic() + cfg.init_timeout_s))
             proc.probe_isolation()
-            v.phase_s["start"] = time.monotonic() - t_phase - (v.phase_s.get("build") or 0.0)
-            if ready.get("unmatched"):
-                v.notes.append(f"parameters not copied from Model (different name or shape): "
-                               f"{', '.join(ready['unmatched'][:8])}")
-            t_phase = time.monotonic()
-            self._run_calls(ref, ref_model, chan, proc, plane, call_seeds, v, deadline)
-            v.phase_s["calls"] = time.monotonic() - t_phase
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def _drive(self, session: "_Session", ref: _Reference, setup: "_Setup", roles: list[str],
+               v: Verdict | None, recorded: set[int], deadline: float) -> tuple[list[float], list[float]]:
+        """Run the calls. Every call: fresh inputs revealed only when its clock starts, the output
+        compared here (when `v` is given), the inputs read back and checked for modification.
+        Returns the claimed and the outside-measured times of the timed calls."""
+        cfg = self.config
+        dev = self.device
+        proc, chan, plane = session.proc, session.chan, session.plane
+        judged = v is not None
+        inside: list[float] = []
+        outside: list[float] = []
+        expected_checks: list[list] = []
+        for i, role in enumerate(roles):
+            seed = secrets.randbits(63)
+            inputs = self._inputs(ref, seed, i)
+            expected = None
+            if judged:
+                with torch.no_grad():
+                    expected = _to_list(setup.ref_model(*inputs))
+                if role == "check":
+                    expected_checks.append([e.detach().cpu() if isinstance(e, torch.Tensor) else e for e in expected])
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            chan.send({"op": "prepare"})
+            ready = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+            if not ready.get("ok"):
+                self._raise_reported(ready, v)
+            # The clock starts before the inputs exist anywhere the candidate can read them.
+            cpu_before = _cpu_ns(proc.pid) if dev == "cpu" else 0
+            t_send = time.perf_counter()
+            meta = pack(inputs, plane.view, 0, plane.in_size)
+            chan.send({"op": "call", "index": i, "inputs": meta, "record": judged and i in recorded})
+            reply = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+            wall_ms = (time.perf_counter() - t_send) * 1e3
+            cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
+            if not reply.get("ok"):
+                self._raise_reported(reply, v)
+            claimed = _num(reply.get("inside_ms"))
+            measured = cpu_ms if cpu_ms is not None else wall_ms
+            if judged:
+                self._check_call(session, i, role, inputs, expected, reply, claimed, measured, v, recorded, deadline)
+            if role == "timed" and not (judged and i in recorded) and claimed is not None:
+                inside.append(claimed)
+                outside.append(measured)
+        if judged:
+            v.task_warnings = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
+        if len(inside) < 2:
+            raise _Stop(FC.JUDGE, "too few timed calls to report a time")
+        return inside, outside
+
+    def _check_call(self, session: "_Session", i: int, role: str, inputs: list, expected: list, reply: dict,
+                    claimed: float | None, measured: float, v: Verdict, recorded: set[int], deadline: float) -> None:
+        cfg = self.config
+        plane = session.plane
+        self._blocked(reply, v)
+        try:
+            got = unpack(reply.get("outputs"), plane.view, plane.out_offset, plane.out_size)
+        except TransportError as exc:
+            raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
+        cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2)
+        if cmp.ok and len(expected) == 1 and isinstance(expected[0], torch.Tensor) \
+                and reply.get("structure") != "tensor":
+            cmp = type(cmp)(False, f"output is a {reply.get('structure')}, expected a single tensor")
+        v.max_abs_err = max(v.max_abs_err or 0.0, cmp.max_abs_err)
+        v.max_rel_l2_err = max(v.max_rel_l2_err or 0.0, cmp.rel_l2_err)
+        v.calls.append(CallRecord(index=i, role=role, inside_ms=claimed, outside_ms=measured,
+                                  max_abs_err=cmp.max_abs_err, rel_l2_err=cmp.rel_l2_err, ok=cmp.ok))
+        if not cmp.ok:
+            raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}): {cmp.message}")
+        v.n_checked += 1
+        # Every call's inputs come back (after its clock stopped) and are compared with what was sent.
+        session.chan.send({"op": "echo"})
+        echo = self._recv(session.chan, session.proc, min(deadline, time.monotonic() + cfg.call_timeout_s),
+                          f"call {i}")
+        self._check_echo(inputs, echo, plane, i)
+        if i in recorded:
+            found = pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
+            found += pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
+            if found:
+                v.policy_violations.extend(found)
+                raise _Stop(FC.POLICY, found[0])
+        changed = _strs(reply.get("flags_changed"))
+        if changed:
+            v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")
+            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
+
+    def _baseline(self, task: Task, ref: _Reference, mode: str) -> "_Baseline":
+        """Times of a trusted implementation under the very protocol candidates get, with no
+        candidate process alive: `eager` (the reference), a torch.compile mode, or `null` (returns
+        outputs of the right shape without computing: the cost of the protocol itself)."""
+        cfg = self.config
+        key = hashlib.sha256(json.dumps([_HARNESS_VERSION, task.id, self.device_name, torch.__version__, mode,
+                                         cfg.flush_l2, cfg.n_timed, cfg.n_warmup]).encode()).hexdigest()[:24]
+        if key in self._baselines:
+            return self._baselines[key]
+        path = self.baseline_dir / f"{key}.json"
+        if cfg.cache_baselines and path.exists():
             try:
-                chan.send({"op": "exit"})
-            except OSError:
-                pass
+                base = _Baseline.model_validate_json(path.read_text())
+                self._baselines[key] = base
+                return base
+            except ValueError:
+                path.unlink(missing_ok=True)
+        setup = self._setup(task, ref, secrets.randbits(31))
+        source = _baseline_source(mode, setup.outputs)
+        try:
+            session = self._start(task, source, None, setup, None, time.monotonic() + cfg.total_timeout_s,
+                                  trusted=True)
+        except _Stop as stop:
+            raise JudgeError(f"task {task.name}: {mode} baseline failed: {stop.failure.message}") from None
+        try:
+            roles = ["warmup"] * (cfg.n_warmup + (2 if mode not in ("eager", "null") else 0)) + ["timed"] * cfg.n_timed
+            try:
+                inside, outside = self._drive(session, ref, setup, roles, None, set(), time.monotonic() + cfg.total_timeout_s)
+            except _Stop as stop:
+                raise JudgeError(f"task {task.name}: {mode} baseline failed: {stop.failure.message}") from None
         finally:
-            plane.close()
-            if proc is not None:
-                v.isolation = proc.isolation
+            session.close()
+        overhead = statistics.median(outside if mode == "null" else [max(o - i, 0.0) for i, o in zip(inside, outside)])
+        base = _Baseline(timing=summarize(inside), overhead_ms=overhead)
+        self._baselines[key] = base
+        if cfg.cache_baselines:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(base.model_dump_json())
+            os.replace(tmp, path)
+        return base
 
     def _static_checks(self, cand: Candidate, v: Verdict) -> None:
         import ast
@@ -287,9 +502,9 @@ class Judge:
             ref = self._references[task.id] = _Reference(task)
         return ref
 
-    def _spawn(self, task: Task, cand: Candidate, plane: DataPlane, library: Path | None, v: Verdict):
+    def _spawn(self, task: Task, model_new: str, plane: DataPlane, library: Path | None):
         workdir = new_workdir(self.work_root / "runs", "cand-")
-        (workdir / "model_new.py").write_text(cand.model_new)
+        (workdir / "model_new.py").write_text(model_new)
         (workdir / "model.py").write_text(task.source)
         if library is not None:
             shutil.copy2(library, workdir / "cuda_extension.so")
@@ -385,7 +600,9 @@ class Judge:
             os.chown(dest, proc.uid, proc.uid)
         return {"ok": True, "library": str(dest)}
 
-    def _raise_reported(self, msg: dict, v: Verdict) -> None:
+    def _raise_reported(self, msg: dict, v: Verdict | None) -> None:
+        if v is None:  # a trusted baseline run: nothing to blame on a candidate
+            raise _Stop(FC.JUDGE, str(msg.get("message", "the baseline process reported an error"))[:6000])
         self._blocked(msg, v)
         if v.policy_violations:
             raise _Stop(FC.POLICY, v.policy_violations[0])
@@ -420,156 +637,21 @@ class Judge:
                       for x in inputs]
         return inputs
 
-    def _run_calls(self, ref: _Reference, ref_model, chan: Channel, proc: Sandboxed, plane: DataPlane,
-                   seeds: list[int], v: Verdict, deadline: float) -> None:
-        cfg = self.config
-        dev = self.device
-        n = len(seeds)
-        roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
-        rng = random.Random(secrets.randbits(64))
-        recorded = {0} | set(rng.sample(range(1, n), k=min(2, n - 1)))
-        echoed = recorded | set(rng.sample(range(n), k=min(2, n)))
-        flusher = self._get_flusher()
-        timer = self._get_timer()
-        scratch = bytearray(0)
-        inside, outside, eager, overhead = [], [], [], []
-        expected_checks: list[list[torch.Tensor]] = []
-        v.n_checked = 0
-        for i, seed in enumerate(seeds):
-            inputs = self._inputs(ref, seed, i)
-            meta = pack(inputs, plane.view, 0, plane.in_size)
-            sent = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs] if i in echoed else None
-            # The reference runs here, through the same transport as the candidate's calls, so its
-            # time is the eager baseline and its overhead calibrates the outside clock.
-            flusher.flush()
-            t_a = time.perf_counter()
-            dev_inputs = unpack(meta, plane.view, 0, plane.in_size, dev)
-            with torch.no_grad():
-                timer.start()
-                expected = _to_list(ref_model(*dev_inputs))
-                eager_ms = timer.stop()
-            need = nbytes_of(expected) + 4096
-            if len(scratch) < need:
-                scratch = bytearray(need)
-            pack(expected, memoryview(scratch), 0, len(scratch))
-            t_b = time.perf_counter()
-            del dev_inputs
-            if roles[i] == "check":
-                expected_checks.append([e.detach().cpu() if isinstance(e, torch.Tensor) else e for e in expected])
-
-            chan.send({"op": "prepare"})
-            ready = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
-            if not ready.get("ok"):
-                self._raise_reported(ready, v)
-            cpu_before = _cpu_ns(proc.pid) if dev == "cpu" else None
-            t_send = time.perf_counter()
-            chan.send({"op": "call", "index": i, "inputs": meta, "record": i in recorded,
-                       "echo_inputs": i in echoed})
-            reply = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
-            t_recv = time.perf_counter()
-            cpu_ms = None if cpu_before is None else (_cpu_ns(proc.pid) - cpu_before) / 1e6
-            if not reply.get("ok"):
-                self._raise_reported(reply, v)
-            self._blocked(reply, v)
-            try:
-                got = unpack(reply.get("outputs"), plane.view, plane.out_offset, plane.out_size)
-            except TransportError as exc:
-                raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
-            structure = reply.get("structure")
-            want_structure = "tensor" if len(expected) == 1 and isinstance(expected[0], torch.Tensor) \
-                and not isinstance(ref_model, type(None)) else None
-            cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2)
-            if cmp.ok and want_structure == "tensor" and structure != "tensor" and len(got) == 1:
-                cmp = type(cmp)(False, f"output is a {structure}, expected a single tensor")
-            v.max_abs_err = max(v.max_abs_err or 0.0, cmp.max_abs_err)
-            v.max_rel_l2_err = max(v.max_rel_l2_err or 0.0, cmp.rel_l2_err)
-            record = CallRecord(index=i, role=roles[i], inside_ms=_num(reply.get("inside_ms")),
-                                outside_ms=(t_recv - t_send) * 1e3 if cpu_ms is None else cpu_ms / self._cores,
-                                max_abs_err=cmp.max_abs_err,
-                                rel_l2_err=cmp.rel_l2_err, ok=cmp.ok)
-            v.calls.append(record)
-            if not cmp.ok:
-                phase = "checked" if roles[i] == "check" else roles[i]
-                raise _Stop(FC.MISMATCH, f"call {i} ({phase}): {cmp.message}")
-            v.n_checked += 1
-            if sent is not None:
-                self._check_echo(sent, reply, plane, i)
-            if i in recorded:
-                found = pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
-                found += pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
-                if found:
-                    v.policy_violations.extend(found)
-                    raise _Stop(FC.POLICY, found[0])
-            changed = _strs(reply.get("flags_changed"))
-            if changed:
-                v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")
-                raise _Stop(FC.TAMPERING, v.policy_violations[-1])
-            if roles[i] == "timed" and i not in recorded and record.inside_ms is not None:
-                inside.append(record.inside_ms)
-                outside.append(record.outside_ms)
-                eager.append(eager_ms)
-                # transport cost of the same call, measured here (on the CPU backend in CPU time)
-                overhead.append(((t_b - t_a) * 1e3 - eager_ms) / (self._cores if dev == "cpu" else 1))
-        v.correct = True
-        v.task_warnings = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
-        if len(inside) < 2:
-            raise _Stop(FC.JUDGE, "too few timed calls to report a time")
-        rtt = 0.0 if dev == "cpu" else self._round_trip_ms(
-            {"op": "call", "index": 0, "inputs": meta, "record": False, "echo_inputs": False})
-        rel_slack, abs_slack = cfg.slack()
-        rec = reconcile(inside, outside, statistics.median(overhead) + rtt, rel_slack=rel_slack,
-                        abs_slack_ms=abs_slack)
-        v.runtime = rec.timing
-        v.eager = summarize(eager)
-        if rec.note:
-            v.notes.append(rec.note)
-        if rec.gross_lie:
-            v.correct = False
-            raise _Stop(FC.TIMING, rec.note)
-
     def _check_echo(self, sent: list, reply: dict, plane: DataPlane, i: int) -> None:
+        if not reply.get("ok"):
+            raise _Stop(FC.RUNTIME, f"call {i}: reading back the inputs failed: {str(reply.get('message'))[:500]}")
         try:
             back = unpack(reply.get("echo"), plane.view, 0, plane.in_size)
         except TransportError:
             raise _Stop(FC.MISMATCH, f"call {i}: the candidate process did not return its inputs") from None
+        if len(back) != len(sent):
+            raise _Stop(FC.MISMATCH, f"call {i}: the candidate process returned {len(back)} inputs, not {len(sent)}")
         for k, (a, b) in enumerate(zip(sent, back)):
             if isinstance(a, torch.Tensor):
+                a = a.detach().cpu()
                 if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype \
-                        or not torch.equal(a.view(-1).view(torch.uint8) if a.numel() else a,
-                                           b.reshape(-1).view(torch.uint8) if b.numel() else b):
+                        or not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
                     raise _Stop(FC.MISMATCH, f"call {i}: forward modified input {k} in place")
-
-    def _round_trip_ms(self, sample: dict) -> float:
-        """Median request/reply time to a trusted process, for a message like `sample`."""
-        if self._rtt_ms is None:
-            import subprocess
-            import sys
-
-            a, b = socket.socketpair()
-            proc = subprocess.Popen([sys.executable, "-I", "-m", "cuda_agent.judge.echo", str(b.fileno())],
-                                    pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL)
-            b.close()
-            chan = Channel(a)
-            try:
-                times = []
-                for k in range(25):
-                    t = time.perf_counter()
-                    chan.send(sample)
-                    chan.recv(timeout=30)
-                    if k >= 5:
-                        times.append((time.perf_counter() - t) * 1e3)
-                    time.sleep(0.002)
-                self._rtt_ms = statistics.median(times)
-                chan.send({"op": "exit"})
-            except (ChannelClosed, ChannelTimeout, OSError):
-                self._rtt_ms = 0.0  # no calibration: the outside clock is then stricter, never looser
-            finally:
-                chan.close()
-                try:
-                    proc.wait(timeout=5)
-                except Exception:
-                    proc.kill()
-        return self._rtt_ms
 
     def _pin(self, plane: DataPlane) -> None:
         """Page-lock the shared region so copies to and from the GPU run at full DMA speed."""
@@ -598,42 +680,6 @@ class Judge:
             self._timer = CallTimer(self.device)
         return self._timer
 
-    # -------------------------------------------------------------------------------- baselines
-    def _compiled_baseline(self, task: Task, ref: _Reference, ref_model) -> Timing | None:
-        cfg = self.config
-        key = hashlib.sha256(json.dumps([task.id, self.device_name, torch.__version__, cfg.compile_mode,
-                                         cfg.flush_l2, cfg.n_timed]).encode()).hexdigest()[:24]
-        if key in self._compiled_timing:
-            return self._compiled_timing[key]
-        path = self.baseline_dir / f"{key}.json"
-        if cfg.cache_baselines and path.exists():
-            try:
-                timing = Timing.model_validate_json(path.read_text())
-                self._compiled_timing[key] = timing
-                return timing
-            except ValueError:
-                path.unlink(missing_ok=True)
-        compiled = torch.compile(ref_model, mode=cfg.compile_mode)
-        flusher, timer = self._get_flusher(), self._get_timer()
-        times = []
-        dev = self.device
-        for i in range(3 + cfg.n_timed):
-            inputs = [x.to(dev) if isinstance(x, torch.Tensor) else x
-                      for x in self._inputs(ref, secrets.randbits(63), i)]
-            flusher.flush()
-            with torch.no_grad():
-                timer.start()
-                compiled(*inputs)
-                ms = timer.stop()
-            if i >= 3:
-                times.append(ms)
-        timing = summarize(times)
-        self._compiled_timing[key] = timing
-        if cfg.cache_baselines:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(timing.model_dump_json())
-            os.replace(tmp, path)
-        return timing
 
 
 def _cpu_ns(pid: int) -> int:

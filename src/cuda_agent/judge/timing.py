@@ -83,21 +83,22 @@ class Reconciled:
 
 
 def reconcile(inside_ms: list[float], outside_ms: list[float], overhead_ms: float, *,
-              rel_slack: float, abs_slack_ms: float) -> Reconciled:
+              rel_slack: float, abs_slack_ms: float, cores: int = 1) -> Reconciled:
     """Believe the candidate's own times only if the judge's clock agrees.
 
-    `outside_ms` are the judge's wall-clock times of the same calls; `overhead_ms` is what the
-    identical transport (copy in, flush, copy out) costs around a trusted implementation of
-    the same task. The claim is believed when the outside estimate is within the slack; else the
-    outside estimate is the runtime. A claim under a third of the outside estimate is a lie,
-    not noise.
+    `outside_ms` are the judge's own measurements of the same calls (wall time on CUDA; on the
+    CPU backend the CPU time the process consumed, which does not grow while it waits for a
+    core); `overhead_ms` is what the protocol alone costs on that clock (measured with a trusted
+    null model). `(outside - overhead) / cores` is then a lower bound of the work's duration. The
+    claim is believed when it is not below that bound by more than the slack; otherwise the bound
+    is the runtime. A claim under a third of the bound is a lie, not noise.
     """
     inside = statistics.median(inside_ms)
-    est = [max(o - overhead_ms, 1e-6) for o in outside_ms]
+    est = [max(o - overhead_ms, 0.0) / cores for o in outside_ms]
     outside = statistics.median(est)
     if outside <= inside * (1 + rel_slack) + abs_slack_ms:
         return Reconciled(summarize(inside_ms, "events"), True, False, "")
     gross = outside > 3 * inside + 4 * abs_slack_ms
     note = (f"claimed {inside:.4f} ms per call but the judge's clock measured {outside:.4f} ms "
-            f"(after {overhead_ms:.4f} ms of transport): using the judge's clock")
-    return Reconciled(summarize(est, "wall"), False, gross, note)
+            f"(after {overhead_ms:.4f} ms of protocol cost): using the judge's clock")
+    return Reconciled(summarize([max(e, 1e-6) for e in est], "outside"), False, gross, note)
