@@ -493,6 +493,14 @@ class Judge:
         v.compiled = True
         v.build_s = (v.build_s or 0.0) + result.seconds
         v.phase_s["build"] = v.build_s
+        symbols = pol.undefined_symbols(result.library)
+        if symbols is None:
+            v.notes.append("nm not found: the compiled extension's imports were not checked")
+        else:
+            found = pol.check_binary(symbols, self.config.policy, self.device)
+            if found:
+                v.policy_violations.extend(found)
+                raise _Stop(FC.POLICY, found[0])
         v.build_cached = result.cached if v.build_cached is None else (v.build_cached and result.cached)
         return result.library
 

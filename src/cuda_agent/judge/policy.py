@@ -266,3 +266,97 @@ def check_kernels(kernels: list[str], policy: str) -> list[str]:
         return []
     bad = sorted({k for k in kernels if _FORBIDDEN_KERNEL.search(k)})
     return [f"a PyTorch kernel ran during forward: '{k[:160]}'" for k in bad[:5]]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the compiled library links against
+#
+# Source patterns can be dodged (macros, function pointers, `using namespace`, declaring a symbol
+# by hand); the dynamic symbols a library imports cannot: to call a function it did not compile
+# itself, the library must name it in its import table. The judge reads that table from the
+# binary the trusted compiler produced.
+
+_DENY_ALWAYS = [
+    (re.compile(r"^(fork|vfork|forkpty|clone3?|exec[lv]p?e?|execvpe|fexecve|system|popen|posix_spawnp?|daemon|"
+                r"login_tty|openpty)$"), "process creation"),
+    (re.compile(r"^(pthread_create|thrd_create)$"), "thread creation"),
+    (re.compile(r"^(dlopen|dlmopen|dlsym|dlvsym|dl_iterate_phdr|dladdr1?|mprotect|mmap(64)?|mremap|syscall|ptrace|"
+                r"process_vm_readv|process_vm_writev|prctl|personality)$"), "loading, patching or raw system calls"),
+    (re.compile(r"^(open(64)?|openat(64)?|creat(64)?|fopen(64)?|freopen(64)?|fdopen|unlink(at)?|rename(at2?)?|"
+                r"mkdir(at)?|rmdir|truncate(64)?|symlink(at)?|link(at)?|chmod|fchmod(at)?|chown|remove|"
+                r"opendir|nftw|ftw)$"), "file access"),
+    (re.compile(r"^(socket|socketpair|connect|bind|listen|accept4?|sendto|sendmsg|getaddrinfo|gethostbyname)$"),
+     "network access"),
+    (re.compile(r"^(kill|killpg|tgkill|tkill|sigqueue)$"), "signalling other processes"),
+    (re.compile(r"^(getenv|secure_getenv|setenv|putenv|unsetenv|clearenv)$"), "environment access"),
+    (re.compile(r"^(clock_gettime|gettimeofday|clock|times|rdtsc|__rdtsc|timespec_get)$|steady_clock::now|"
+                r"system_clock::now|high_resolution_clock::now"), "clocks"),
+    (re.compile(r"^(cu(da)?Event\w*|cu(da)?Ipc\w*|cupti\w*|cudaProfiler\w*|cuProfiler\w*|nvtx\w*|"
+                r"cudaDeviceReset|cudaDeviceSetLimit|cudaMallocManaged|cuMemAllocManaged|nccl\w*)$"),
+     "CUDA timers, IPC, profiler or device-wide state"),
+]
+_ATEN_FORBIDDEN_NS = re.compile(r"^at::(native|cpu|meta|compositeexplicitautograd\w*|compositeimplicitautograd\w*|"
+                                r"compositeexplicitautogradnonfunctional)::")
+_ATEN_CUDA_OK = re.compile(r"^at::cuda::(getCurrentCUDAStream|getStreamFromPool|getDefaultCUDAStream|"
+                           r"getCurrentCUDABlasHandle|getCurrentCUDABlasLtHandle|getCurrentDeviceProperties|"
+                           r"getDeviceProperties|device_count|current_device|warp_size|CUDAStream|"
+                           r"getCurrentCUDASolverDnHandle|detail::|CUDACachingAllocator|getChosenWorkspaceSize|"
+                           r"getCUDABlasLtWorkspace|getCUDABlasLtWorkspaceSize|clearCublasWorkspaces)")
+_VENDOR_CPU_BLAS = re.compile(r"^([sdcz]gemm_?|[sdcz]gemv_?|cblas_\w+|mkl_\w+|MKL_\w+|openblas_\w+|dnnl_\w+|"
+                              r"mkldnn_\w+|[sd]gemm_batch\w*|bli_\w+)$")
+_CUDA_LIBS_OK = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*)$")
+_CUDA_LIBS_OTHER = re.compile(r"^(cufft\w*|cusparse\w*|cusolver\w*|curand\w*|nvjpeg\w*|cutensor\w*)$")
+
+
+def undefined_symbols(library) -> list[str] | None:
+    """Demangled names the library imports, or None when `nm` is not available."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nm") is None:
+        return None
+    res = subprocess.run(["nm", "-D", "--undefined-only", "-C", str(library)], capture_output=True, text=True,
+                         timeout=60)
+    if res.returncode != 0:
+        return None
+    names = []
+    for line in res.stdout.splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and parts[0] in ("U", "w", "v"):
+            names.append(parts[1].split("@")[0].strip())
+    return names
+
+
+def _op_allowed(op: str) -> bool:
+    return any(op == base or op.startswith(base + "_") for base in ALLOWED_ATEN_STRICT)
+
+
+def check_binary(symbols: list[str], policy: str, device: str) -> list[str]:
+    """Violations in a compiled library's import table."""
+    out: list[str] = []
+
+    def add(sym: str, what: str) -> None:
+        if len(out) < 12:
+            out.append(f"the compiled extension imports '{sym[:120]}' ({what})")
+
+    for sym in symbols:
+        plain = sym.split("(")[0]
+        for pattern, what in _DENY_ALWAYS:
+            if pattern.search(plain):
+                add(sym, what)
+                break
+        else:
+            if policy != "strict":
+                continue
+            m = re.match(r"^at::_ops::(\w+)::(call|redispatch)$", plain)
+            if m and not _op_allowed(m.group(1)):
+                add(sym, "PyTorch compute; strict policy")
+            elif _ATEN_FORBIDDEN_NS.match(plain):
+                add(sym, "a PyTorch kernel called directly; strict policy")
+            elif plain.startswith("at::cuda::") and not _ATEN_CUDA_OK.match(plain):
+                add(sym, "a PyTorch CUDA kernel called directly; strict policy")
+            elif _VENDOR_CPU_BLAS.match(plain):
+                add(sym, "a vendor BLAS/DNN library; strict policy allows cuBLAS and cuDNN on CUDA only")
+            elif _CUDA_LIBS_OTHER.match(plain) or (device != "cuda" and _CUDA_LIBS_OK.match(plain)):
+                add(sym, "a library outside the policy (cuBLAS for GEMM and cuDNN for convolution only)")
+    return out
