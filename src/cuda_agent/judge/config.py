@@ -48,20 +48,21 @@ class JudgeConfig(BaseModel):
     flush_l2: bool = Field(True, description="overwrite the cache between calls so every call starts cold")
     timing_rel_slack: float | None = Field(
         None, description="outside clock may exceed the claimed time by this fraction "
-                          "(default 0.25 on cuda; 0.5 on cpu, where the outside clock is CPU time)")
+                          "(default 0.25; on cpu the outside clock is CPU time)")
     timing_abs_slack_ms: float | None = Field(
-        None, description="... plus this many ms before the claim is disbelieved (default 0.2 cuda, 1.0 cpu)")
+        None, description="... plus this many ms before the claim is disbelieved (default 0.2 cuda, 0.3 cpu)")
 
     def slack(self) -> tuple[float, float]:
-        rel = self.timing_rel_slack if self.timing_rel_slack is not None else (0.25 if self.device == "cuda" else 0.5)
+        rel = self.timing_rel_slack if self.timing_rel_slack is not None else (0.25 if self.device == "cuda" else 0.25)
         abs_ms = self.timing_abs_slack_ms if self.timing_abs_slack_ms is not None else (
-            0.2 if self.device == "cuda" else 1.0)
+            0.2 if self.device == "cuda" else 0.3)
         return rel, abs_ms
     build_timeout_s: float = Field(300.0, description="limit on one build")
     init_timeout_s: float = Field(120.0, description="limit on loading the candidate and constructing ModelNew")
     call_timeout_s: float = Field(30.0, description="limit on one forward call")
     total_timeout_s: float = Field(900.0, description="limit on judging one candidate")
     memory_limit_mb: int = Field(16384, description="host memory of the candidate process (RSS watchdog)")
+    disk_limit_mb: int = Field(4096, description="disk space the candidate process may consume (watchdog)")
     max_output_mb: int = Field(2048, description="largest total output the candidate may return per call")
     cache_dir: Path = Field(default_factory=default_cache_dir,
                             description="builds, compiled extensions and cached baselines")

@@ -557,6 +557,10 @@ class Judge:
                                       f"({proc.exit_description()}):\n{_log_excerpt(proc)}")
             if proc.rss_mb() > limit:
                 raise _Stop(FC.OOM, f"the candidate process exceeded {limit} MiB of host memory during {what}")
+            used = proc.disk_used_mb()
+            if used > self.config.disk_limit_mb:
+                raise _Stop(FC.RESOURCE, f"the candidate process used {used:.0f} MiB of disk during {what} "
+                                         f"(limit {self.config.disk_limit_mb} MiB)")
 
     def _serve_init(self, chan: Channel, proc: Sandboxed, v: Verdict, deadline: float) -> dict:
         while True:

@@ -109,13 +109,16 @@ class Sandboxed:
                 log.close()
         self.pid = self.proc.pid
         self.started = time.monotonic()
+        self._disk_free0 = _free_mb(spec.workdir)
         if self.uid is not None:
             self.isolation.append(f"uid {self.uid}")
         if self.cgroup is not None:
             self.isolation.append(f"pids cgroup (max {spec.max_procs})")
 
     def probe_isolation(self) -> None:
-        """Record network isolation as seen from outside (call once the process is running)."""
+        """Record network and system-call isolation as the kernel reports them (once running)."""
+        if seccomp_mode(self.pid) == 2 and "seccomp" not in self.isolation:
+            self.isolation.append("seccomp")
         if self.spec.isolate_network and is_root() and _netns(self.pid) not in (None, _netns(os.getpid())):
             if "no network" not in self.isolation:
                 self.isolation.append("no network")
@@ -132,6 +135,11 @@ class Sandboxed:
             except (OSError, ValueError, IndexError):
                 pass
         return total / (1 << 20)
+
+    def disk_used_mb(self) -> float:
+        """Disk space consumed since the start, on the workdir's and /tmp's file systems. It counts
+        everyone's writes, so the limit is generous; it exists to stop a disk-filling candidate."""
+        return max(0.0, self._disk_free0 - _free_mb(self.spec.workdir))
 
     def exit_description(self) -> str:
         code = self.proc.poll()
@@ -370,6 +378,13 @@ def _kill_cgroup(path: str) -> None:
             time.sleep(0.05)
 
 
+def _free_mb(path: Path) -> float:
+    try:
+        return shutil.disk_usage(path).free / (1 << 20)
+    except OSError:
+        return 0.0
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -453,3 +468,85 @@ def new_workdir(parent: Path, prefix: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     os.chmod(path, 0o700)
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# seccomp: what a candidate process may ask of the kernel once its harness is set up
+
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_DENY_X86_64 = {
+    57: "fork", 58: "vfork", 59: "execve", 322: "execveat", 101: "ptrace", 310: "process_vm_readv",
+    311: "process_vm_writev", 200: "tkill", 272: "unshare", 308: "setns", 165: "mount", 155: "pivot_root",
+    161: "chroot", 169: "reboot", 246: "kexec_load", 320: "kexec_file_load", 175: "init_module",
+    313: "finit_module", 321: "bpf", 298: "perf_event_open", 323: "userfaultfd", 425: "io_uring_setup",
+    317: "seccomp",
+}
+
+
+def install_seccomp() -> bool:
+    """Forbid new processes (threads stay allowed), exec, ptrace and cross-process memory access,
+    signals to other processes, non-local sockets and namespace/module/BPF tricks, in every thread
+    of this process. Returns False where unsupported (not x86-64, or the kernel refuses)."""
+    import platform
+    import struct
+
+    if platform.machine() != "x86_64":
+        return False
+    pid = os.getpid()
+    prog: list[tuple[int, int, int, int]] = []
+
+    def ins(code, jt, jf, k):
+        prog.append((code, jt, jf, k))
+
+    load_nr = (_LD_ABS, 0, 0, 0)
+    ins(_LD_ABS, 0, 0, 4)                                  # arch
+    ins(_JEQ, 1, 0, _AUDIT_ARCH_X86_64)
+    ins(_RET, 0, 0, _RET_ERRNO | 1)                        # another ABI: refuse
+    prog.append(load_nr)
+    ins(_JGE, 0, 1, 0x40000000)                            # x32 system calls
+    ins(_RET, 0, 0, _RET_ERRNO | 1)
+    for nr in sorted(_DENY_X86_64):
+        ins(_JEQ, 0, 1, nr)
+        ins(_RET, 0, 0, _RET_ERRNO | 1)                    # EPERM
+    ins(_JEQ, 0, 1, 435)                                   # clone3: glibc then falls back to clone
+    ins(_RET, 0, 0, _RET_ERRNO | 38)                       # ENOSYS
+    ins(_JEQ, 0, 4, 56)                                    # clone: threads only
+    ins(_LD_ABS, 0, 0, 16)
+    ins(_JSET, 0, 1, 0x00010000)                           # CLONE_THREAD
+    ins(_RET, 0, 0, _RET_ALLOW)
+    ins(_RET, 0, 0, _RET_ERRNO | 1)
+    prog.append(load_nr)
+    for nr in (62, 234):                                   # kill, tgkill: only this process (or its group)
+        ins(_JEQ, 0, 5, nr)
+        ins(_LD_ABS, 0, 0, 16)
+        ins(_JEQ, 2, 0, pid)
+        ins(_JEQ, 1, 0, 0)
+        ins(_RET, 0, 0, _RET_ERRNO | 1)
+        ins(_RET, 0, 0, _RET_ALLOW)
+        prog.append(load_nr)
+    ins(_JEQ, 0, 4, 41)                                    # socket: AF_UNIX only
+    ins(_LD_ABS, 0, 0, 16)
+    ins(_JEQ, 1, 0, 1)
+    ins(_RET, 0, 0, _RET_ERRNO | 13)                       # EACCES
+    ins(_RET, 0, 0, _RET_ALLOW)
+    ins(_RET, 0, 0, _RET_ALLOW)
+
+    raw = b"".join(struct.pack("=HBBI", *i) for i in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(prog), ctypes.addressof(buf))
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, SYS_seccomp = 1, 1, 317
+    rc = _libc.syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog))
+    return rc == 0
+
+
+def seccomp_mode(pid: int) -> int:
+    """The kernel's word on a process's seccomp mode (2 = filter)."""
+    return int(_proc_status(str(pid)).get("Seccomp", "0") or 0)

@@ -19,6 +19,7 @@ class FailureCategory(str, Enum):
     CRASH = "crash"                  # the candidate process died (segfault, abort, killed)
     TIMEOUT = "timeout"              # a call or the whole run exceeded its limit
     OOM = "oom"                      # host or device memory limit
+    RESOURCE = "resource"            # disk, processes or other machine resources beyond their limits
     MISMATCH = "mismatch"            # wrong values, shape, dtype or structure
     TIMING = "timing"                # timing claims that the outside clock contradicts, work left in flight
     TAMPERING = "tampering"          # the candidate changed judge files or global state it must not touch

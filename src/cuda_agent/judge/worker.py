@@ -172,6 +172,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         return 1
 
     if not init.get("trusted"):
+        from .sandbox import install_seccomp
+
+        install_seccomp()  # the judge reads the kernel's own record of it
         _install_audit_hook(workdir, blocked)
     try:
         spec = importlib.util.spec_from_file_location("model_new", init["candidate_path"])
