@@ -221,3 +221,18 @@ def test_channel_refuses_oversized_and_non_json_messages():
     a2.sendall((3).to_bytes(4, "big") + b"\xff\xfe\x00")
     with pytest.raises(ProtocolError):
         Channel(b2).recv(timeout=5)
+
+
+def test_binary_import_check():
+    honest = ["at::_ops::empty_memory_format::call(c10::ArrayRef<c10::SymInt>, ...)", "PyObject_SetAttrString",
+              "at::_ops::empty_like::call(at::Tensor const&, ...)", "GOMP_parallel", "cudaLaunchKernel",
+              "c10::detail::torchCheckFail(char const*, char const*, unsigned int, char const*)"]
+    assert policy.check_binary(honest, "strict", "cuda") == []
+    assert policy.check_binary(["cublasSgemm_v2"], "strict", "cuda") == []
+    for sym, where in [("at::_ops::mm::call(at::Tensor const&, at::Tensor const&)", "strict"),
+                       ("at::cpu::mm(at::Tensor const&, at::Tensor const&)", "strict"),
+                       ("sgemm_", "strict"), ("forkpty", "lenient"), ("open", "lenient"), ("dlsym", "lenient"),
+                       ("at::launch(std::function<void ()>)", "lenient"), ("cudaEventElapsedTime", "lenient"),
+                       ("std::chrono::_V2::steady_clock::now()", "lenient"), ("connect", "lenient")]:
+        assert policy.check_binary([sym], where, "cpu"), sym
+    assert policy.check_binary(["at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"], "lenient", "cpu") == []

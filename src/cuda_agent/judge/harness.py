@@ -346,6 +346,8 @@ class Judge:
         inside: list[float] = []
         outside: list[float] = []
         expected_checks: list[list] = []
+        idle_wall = idle_cpu = 0.0
+        idle_mark: tuple[float, int] | None = None
         for i, role in enumerate(roles):
             seed = secrets.randbits(63)
             inputs = self._inputs(ref, seed, i)
@@ -357,6 +359,11 @@ class Judge:
                     expected_checks.append([e.detach().cpu() if isinstance(e, torch.Tensor) else e for e in expected])
             if dev == "cuda":
                 torch.cuda.synchronize()
+            if idle_mark is not None:
+                # Between calls the candidate has nothing to do; CPU it burns here is work kept out
+                # of the timed window (watcher threads, precomputation, starving the judge).
+                idle_wall += time.perf_counter() - idle_mark[0]
+                idle_cpu += (_cpu_ns(proc.pid) - idle_mark[1]) / 1e9
             chan.send({"op": "prepare"})
             ready = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
             if not ready.get("ok"):
@@ -378,8 +385,12 @@ class Judge:
             if role == "timed" and not (judged and i in recorded) and claimed is not None:
                 inside.append(claimed)
                 outside.append(measured)
+            idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
         if judged:
             v.task_warnings = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
+            if idle_cpu > 0.3 * idle_wall + 0.02:
+                raise _Stop(FC.TIMING, f"the candidate process used {idle_cpu * 1e3:.0f} ms of CPU time while it had "
+                                       f"no call to serve ({idle_wall * 1e3:.0f} ms): work outside the timed calls")
         if len(inside) < 2:
             raise _Stop(FC.JUDGE, "too few timed calls to report a time")
         return inside, outside

@@ -279,12 +279,15 @@ def check_kernels(kernels: list[str], policy: str) -> list[str]:
 _DENY_ALWAYS = [
     (re.compile(r"^(fork|vfork|forkpty|clone3?|exec[lv]p?e?|execvpe|fexecve|system|popen|posix_spawnp?|daemon|"
                 r"login_tty|openpty)$"), "process creation"),
-    (re.compile(r"^(pthread_create|thrd_create)$"), "thread creation"),
+    (re.compile(r"^(pthread_create|thrd_create)$|^at::(launch|intraop_launch|internal::launch\w*)$|"
+                r"^c10::ThreadPool::|^at::get_thread_pool|^at::PTThreadPool"), "thread creation or background tasks"),
     (re.compile(r"^(dlopen|dlmopen|dlsym|dlvsym|dl_iterate_phdr|dladdr1?|mprotect|mmap(64)?|mremap|syscall|ptrace|"
                 r"process_vm_readv|process_vm_writev|prctl|personality)$"), "loading, patching or raw system calls"),
     (re.compile(r"^(open(64)?|openat(64)?|creat(64)?|fopen(64)?|freopen(64)?|fdopen|unlink(at)?|rename(at2?)?|"
                 r"mkdir(at)?|rmdir|truncate(64)?|symlink(at)?|link(at)?|chmod|fchmod(at)?|chown|remove|"
-                r"opendir|nftw|ftw)$"), "file access"),
+                r"opendir|nftw|ftw|read|pread(64)?|readv|preadv\d?|write|pwrite(64)?|writev|lseek(64)?|readlink(at)?|"
+                r"fstat(at)?|stat|lstat|statx|dup[23]?|fcntl|ioctl|sendfile(64)?|splice|memfd_create)$"),
+     "file or descriptor access"),
     (re.compile(r"^(socket|socketpair|connect|bind|listen|accept4?|sendto|sendmsg|getaddrinfo|gethostbyname)$"),
      "network access"),
     (re.compile(r"^(kill|killpg|tgkill|tkill|sigqueue)$"), "signalling other processes"),

@@ -1,5 +1,6 @@
-"""Exact-form GELU on the CPU: one OpenMP-parallel pass, vectorised (omp simd) with a branch-free
-erf approximation (absolute error < 1e-6), so no scalar libm call per element."""
+"""Exact-form GELU on the CPU: one OpenMP-parallel pass over 4096-element chunks, each vectorised
+(omp simd) with a branch-free erf approximation (absolute error < 1e-6); the chunk loop is compiled
+for baseline x86-64, AVX2 and AVX-512 and the widest supported variant runs."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -42,6 +43,33 @@ static inline float verf(float x) {
     return std::copysign(1.0f - poly * t * vexp(-a * a), x);
 }
 
+// The hot loops are compiled three times (baseline x86-64, AVX2+FMA, AVX-512) from one macro and the
+// widest variant this CPU supports is picked once at run time.
+static int simd_level() {
+    static const int level = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+                              __builtin_cpu_supports("fma")) ? 2
+                             : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+    return level;
+}
+
+#define GELU_SPAN(NAME)                                                                  \
+    static void NAME(const float* __restrict xp, float* __restrict yp, int64_t n) {      \
+        _Pragma("omp simd")                                                              \
+        for (int64_t i = 0; i < n; ++i) {                                                \
+            const float v = xp[i];                                                       \
+            yp[i] = 0.5f * v * (1.0f + verf(v * 0.7071067811865475f));                  \
+        }                                                                                \
+    }
+GELU_SPAN(gelu_span_base)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+GELU_SPAN(gelu_span_avx2)
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+GELU_SPAN(gelu_span_avx512)
+#pragma GCC pop_options
+
 torch::Tensor gelu_forward(torch::Tensor x) {
     TORCH_CHECK(x.device().is_cpu(), "gelu_forward: x must be a CPU tensor");
     TORCH_CHECK(x.dtype() == torch::kFloat32, "gelu_forward: x must be float32");
@@ -50,23 +78,23 @@ torch::Tensor gelu_forward(torch::Tensor x) {
     const float* xp = x.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     const int64_t n = x.numel();
-    constexpr int64_t CHUNK = 4096;
+    const int level = simd_level();
+    void (*span)(const float*, float*, int64_t) =
+        level == 2 ? gelu_span_avx512 : level == 1 ? gelu_span_avx2 : gelu_span_base;
+    constexpr int64_t CHUNK = 8192;
     const int64_t chunks = (n + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t end = (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n;
-#pragma omp simd
-        for (int64_t i = c * CHUNK; i < end; ++i) {
-            const float v = xp[i];
-            yp[i] = 0.5f * v * (1.0f + verf(v * 0.7071067811865475f));
-        }
+        const int64_t begin = c * CHUNK;
+        const int64_t len = n - begin < CHUNK ? n - begin : CHUNK;
+        span(xp + begin, yp + begin, len);
     }
     return y;
 }
 """
 
 gelu_cpu = load_inline(
-    name="suite_cpu_gelu_v2",
+    name="suite_cpu_gelu_v3",
     cpp_sources=cpp_source,
     functions=["gelu_forward"],
     extra_cflags=["-O3", "-fopenmp"],

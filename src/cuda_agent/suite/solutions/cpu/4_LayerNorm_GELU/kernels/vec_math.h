@@ -1,4 +1,4 @@
-// Branch-free float math shared by the kernels of this workspace.
+// Branch-free float math and instruction-set dispatch shared by the kernels of this workspace.
 #pragma once
 #include <bit>
 #include <cmath>
@@ -34,4 +34,13 @@ static inline float verf(float x) {
     poly = poly * t - 0.284496736f;
     poly = poly * t + 0.254829592f;
     return std::copysign(1.0f - poly * t * vexp(-a * a), x);
+}
+
+// The hot loops are compiled three times (baseline x86-64, AVX2+FMA, AVX-512) from one macro and the
+// widest variant this CPU supports is picked once at run time.
+static int simd_level() {
+    static const int level = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+                              __builtin_cpu_supports("fma")) ? 2
+                             : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+    return level;
 }
