@@ -35,6 +35,18 @@ case "$stage" in
     timeout 300 python3 benchmarks/suite_eager.py --device cuda 2>&1 | tee "$out/suite_eager.log"
     timeout 280 cuda-agent bench --device cuda --out "$out/bench.jsonl" 2>&1 | tee "$out/bench.log"
     ;;
+  all)
+    # One call: warm and cold judge steps for both forms, then the GPU tier in parallel workers.
+    timeout 200 python3 benchmarks/judge_step.py --runs 5 --mode warm --out "$out/judge_step_warm.json" \
+      > "$out/judge_step_warm.log" 2>&1
+    tail -25 "$out/judge_step_warm.log"
+    timeout 90 python3 benchmarks/judge_step.py --runs 2 --mode cold --form workspace --out "$out/judge_step_cold.json" \
+      > "$out/judge_step_cold.log" 2>&1
+    tail -12 "$out/judge_step_cold.log"
+    timeout 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_adversarial.py tests/test_suite.py \
+      > "$out/gpu_tier.log" 2>&1
+    grep -E "passed|failed|^FAILED|^ERROR" "$out/gpu_tier.log" | tail -40
+    ;;
   *)
     echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -1,10 +1,12 @@
 # Level 1: softmax along the last dimension, rows of moderate length (1024).
 # estimate on H200: 786432 x 1024 fp32 = 3.2 GB read + 3.2 GB written = 6.4 GB / 4 TB/s ~= 1.6 ms (memory-bound)
 # measured eager on H200 (torch 2.11, median of 10 calls): 1.62 ms
+# size: capped near 1 GiB per tensor so that every checked call's inputs and outputs cross the
+# process boundary quickly; the estimate above was made for the larger original shape.
 import torch
 import torch.nn as nn
 
-ROWS = 786432
+ROWS = 262144
 COLS = 1024
 
 

@@ -1,10 +1,12 @@
 # Level 1: sum reduction along the last dimension.
 # estimate on H200: 49152 x 32768 fp32 = 6.4 GB read (output 192 KB) / 4 TB/s ~= 1.6 ms (memory-bound)
 # measured eager on H200 (torch 2.11, median of 10 calls): 1.48 ms
+# size: capped near 1 GiB per tensor so that every checked call's inputs and outputs cross the
+# process boundary quickly; the estimate above was made for the larger original shape.
 import torch
 import torch.nn as nn
 
-ROWS = 49152
+ROWS = 8192
 COLS = 32768
 
 

@@ -2,11 +2,13 @@
 # estimate on H200: 131072 x 4096 fp32 (2.1 GB); eager: LayerNorm 4.3 GB + GELU 4.3 GB = 8.6 GB / 4 TB/s ~= 2.1 ms
 #   (fused: 4.3 GB ~= 1.1 ms)
 # measured eager on H200 (torch 2.11, median of 10 calls): 2.42 ms
+# size: capped near 1 GiB per tensor so that every checked call's inputs and outputs cross the
+# process boundary quickly; the estimate above was made for the larger original shape.
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROWS = 131072
+ROWS = 65536
 DIM = 4096
 
 

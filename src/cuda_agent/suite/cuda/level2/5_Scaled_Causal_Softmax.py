@@ -2,10 +2,12 @@
 # estimate on H200: scores 32x16x1024x1024 fp32 = 2.1 GB; eager: mul 4.3 GB + masked_fill 4.3 GB + softmax 4.3 GB
 #   = 12.9 GB / 4 TB/s ~= 3.2 ms (fused: 4.3 GB ~= 1.1 ms)
 # measured eager on H200 (torch 2.11, median of 10 calls): 4.64 ms
+# size: capped near 1 GiB per tensor so that every checked call's inputs and outputs cross the
+# process boundary quickly; the estimate above was made for the larger original shape.
 import torch
 import torch.nn as nn
 
-BATCH = 32
+BATCH = 8
 HEADS = 16
 SEQ = 1024
 SCALE = 0.75
