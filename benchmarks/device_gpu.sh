@@ -37,13 +37,13 @@ case "$stage" in
     ;;
   all)
     # One call: warm and cold judge steps for both forms, then the GPU tier in parallel workers.
-    timeout 200 python3 benchmarks/judge_step.py --runs 5 --mode warm --out "$out/judge_step_warm.json" \
+    timeout 180 python3 benchmarks/judge_step.py --runs 5 --mode warm --out "$out/judge_step_warm.json" \
       > "$out/judge_step_warm.log" 2>&1
     tail -25 "$out/judge_step_warm.log"
-    timeout 90 python3 benchmarks/judge_step.py --runs 2 --mode cold --form workspace --out "$out/judge_step_cold.json" \
+    timeout 80 python3 benchmarks/judge_step.py --runs 2 --mode cold --form workspace --out "$out/judge_step_cold.json" \
       > "$out/judge_step_cold.log" 2>&1
     tail -12 "$out/judge_step_cold.log"
-    timeout 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_adversarial.py tests/test_suite.py \
+    timeout 140 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_adversarial.py tests/test_suite.py \
       > "$out/gpu_tier.log" 2>&1
     grep -E "passed|failed|^FAILED|^ERROR" "$out/gpu_tier.log" | tail -40
     ;;
