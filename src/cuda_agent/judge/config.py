@@ -67,8 +67,9 @@ class JudgeConfig(BaseModel):
     cache_dir: Path = Field(default_factory=default_cache_dir,
                             description="builds, compiled extensions and cached baselines")
     cache_baselines: bool = Field(True, description="reuse eager/compile baseline timings per task and machine")
-    use_zygote: bool = Field(True, description="fork candidate processes from a process that has imported "
-                                               "torch once (start in milliseconds, not seconds)")
+    use_zygote: bool | None = Field(
+        None, description="fork candidate processes from a process that has imported torch once (start in "
+                          "milliseconds, not seconds); default: on for the cpu backend, off for cuda")
     sandbox_uid: int | None = Field(None, description="uid for untrusted processes when run as root "
                                                       "(default: 61000 + slot)")
     arch: str | None = Field(None, description="CUDA arch list for builds, e.g. '9.0' (default: the device's)")

@@ -33,7 +33,7 @@ from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
 
 from . import policy as pol
-from .build import Builder, BuildError, BuildSpec, inline_spec, workspace_spec
+from .build import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError
@@ -504,7 +504,7 @@ class Judge:
         v.compiled = True
         v.build_s = (v.build_s or 0.0) + result.seconds
         v.phase_s["build"] = v.build_s
-        symbols = pol.undefined_symbols(result.library)
+        symbols = library_imports(result.library)
         if symbols is None:
             v.notes.append("nm not found: the compiled extension's imports were not checked")
         else:
@@ -687,7 +687,8 @@ class Judge:
             plane.pinned_ptr = ptr
 
     def _get_zygote(self) -> Zygote | None:
-        if not self.config.use_zygote:
+        use = self.config.use_zygote if self.config.use_zygote is not None else self.device == "cpu"
+        if not use:
             return None
         if self._zygote is None or self._zygote.proc.poll() is not None:
             self._zygote = Zygote(env={"OMP_WAIT_POLICY": "PASSIVE"} if self.device == "cpu" else {})

@@ -58,6 +58,13 @@ def main(ctl_fd: int) -> int:
 
     if torch.cuda.is_initialized():  # would poison every child
         return 1
+    import threading
+
+    if threading.active_count() > 1:
+        # fork() copies only the calling thread; a lock held by another thread at that moment
+        # stays locked forever in the child. Refuse, and the judge starts fresh interpreters.
+        # (`import torch` starts one idle native thread of its own; that one is accepted.)
+        return 3
     sock = socket.socket(fileno=ctl_fd)
     statuses: dict[int, int] = {}
     children: set[int] = set()

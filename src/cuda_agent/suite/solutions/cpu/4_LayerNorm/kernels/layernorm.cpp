@@ -4,7 +4,14 @@
 #include <torch/types.h>
 #include <cmath>
 
-#include "simd_level.h"
+// The hot loops are compiled three times (baseline x86-64, AVX2+FMA, AVX-512) from one macro and the
+// widest variant this CPU supports is picked once at run time.
+static int simd_level() {
+    static const int level = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+                              __builtin_cpu_supports("fma")) ? 2
+                             : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+    return level;
+}
 
 #define LAYERNORM_ROW(NAME)                                                                        \
     static void NAME(const float* __restrict xr, const float* __restrict wp, const float* __restrict bp, \
