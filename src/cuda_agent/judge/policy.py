@@ -294,6 +294,11 @@ _DENY_ALWAYS = [
     (re.compile(r"^(getenv|secure_getenv|setenv|putenv|unsetenv|clearenv)$"), "environment access"),
     (re.compile(r"^(clock_gettime|gettimeofday|clock|times|rdtsc|__rdtsc|timespec_get)$|steady_clock::now|"
                 r"system_clock::now|high_resolution_clock::now"), "clocks"),
+    (re.compile(r"^c10::impl::(TorchDispatchModeTLS|PythonDispatcherTLS|raw_local_dispatch_key_set|tls_\w+|"
+                r"_force_tls_local_dispatch_key_set)|^c10::ThreadLocalDebugInfo|^at::ThreadLocalState|"
+                r"^at::impl::(ThreadLocalPythonObjects|torch_function_mode_enabled)|^at::GradMode::|"
+                r"^c10::AutogradState|^at::profiler|^torch::profiler|^c10::impl::PyInterpreter::"),
+     "inspecting the dispatcher's or profiler's state"),
     (re.compile(r"^(cu(da)?Event\w*|cu(da)?Ipc\w*|cupti\w*|cudaProfiler\w*|cuProfiler\w*|nvtx\w*|"
                 r"cudaDeviceReset|cudaDeviceSetLimit|cudaMallocManaged|cuMemAllocManaged|nccl\w*)$"),
      "CUDA timers, IPC, profiler or device-wide state"),
@@ -354,6 +359,9 @@ def check_binary(symbols: list[str], policy: str, device: str) -> list[str]:
             m = re.match(r"^at::_ops::(\w+)::(call|redispatch)$", plain)
             if m and not _op_allowed(m.group(1)):
                 add(sym, "PyTorch compute; strict policy")
+            elif re.match(r"^c10::(Dispatcher|OperatorHandle|TypedOperatorHandle|impl::OperatorEntry|KernelFunction)"
+                          r"|^torch::jit::|^at::_ops::\w+::redispatch", plain):
+                add(sym, "calling PyTorch operators through the dispatcher by name; strict policy")
             elif _ATEN_FORBIDDEN_NS.match(plain):
                 add(sym, "a PyTorch kernel called directly; strict policy")
             elif plain.startswith("at::cuda::") and not _ATEN_CUDA_OK.match(plain):
