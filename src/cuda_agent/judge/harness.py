@@ -426,6 +426,10 @@ class Judge:
             if found:
                 v.policy_violations.extend(found)
                 raise _Stop(FC.POLICY, found[0])
+        tampered = _strs(reply.get("tampered"))
+        if tampered:
+            v.policy_violations.append(f"forward replaced library functions: {', '.join(tampered[:5])}")
+            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
         changed = _strs(reply.get("flags_changed"))
         if changed:
             v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")

@@ -81,6 +81,27 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
     sys.addaudithook(hook)
 
 
+_WATCHED = ("time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.monotonic_ns", "time.time",
+            "time.process_time", "torch.cuda.synchronize", "torch.cuda.Event.elapsed_time", "torch.cuda.Event.record",
+            "torch.cuda.Event.synchronize", "torch.Tensor.cpu", "torch.Tensor.contiguous", "torch.Tensor.numpy",
+            "torch.Tensor.to", "torch.Tensor.detach", "torch.frombuffer", "torch.empty",
+            "torch.nn.Module.__call__", "torch.nn.Module.state_dict", "torch.nn.Module.load_state_dict")
+
+
+def _resolve(name: str, torch):
+    import time
+
+    obj = {"time": time, "torch": torch}[name.split(".")[0]]
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _watch(torch) -> dict:
+    """Identity of the library functions the harness and timing rely on."""
+    return {name: _resolve(name, torch) for name in _WATCHED}
+
+
 def _numeric_flags(torch) -> dict:
     flags = {"float32_matmul_precision": torch.get_float32_matmul_precision(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
@@ -167,6 +188,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if init.get("library"):
             sys.modules["cuda_extension"] = load_module("cuda_extension", init["library"])
         flags_before = _numeric_flags(torch)
+        watched = _watch(torch)
     except BaseException as exc:  # the harness itself failed before any candidate code ran
         reply_error("judge", f"worker setup failed: {_trim_traceback(exc)}")
         return 1
@@ -272,8 +294,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             meta = pack(outs, plane.view, plane.out_offset, plane.out_size)
             flags_after = _numeric_flags(torch)
             changed = sorted(k for k in flags_before if flags_before[k] != flags_after[k])
+            tampered = sorted(k for k, fn in watched.items() if _resolve(k, torch) is not fn)
             chan.send({"ok": True, "inside_ms": inside_ms, "structure": structure, "outputs": meta,
-                       "ops": ops[:4096], "kernels": kernels[:512], "flags_changed": changed,
+                       "tampered": tampered, "ops": ops[:4096], "kernels": kernels[:512], "flags_changed": changed,
                        "blocked": blocked[:20]})
         except BaseException as exc:
             oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
