@@ -37,7 +37,7 @@ class JudgeConfig(BaseModel):
     atol: float = Field(1e-2, description="elementwise absolute tolerance (CUDA Agent default)")
     rtol: float = Field(1e-2, description="elementwise relative tolerance (CUDA Agent default)")
     max_rel_l2: dict[str, float] = Field(
-        default_factory=lambda: {"float64": 1e-6, "float32": 1e-3, "float16": 1e-2, "bfloat16": 2e-2},
+        default_factory=lambda: {"float64": 1e-6, "float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2},
         description="bound on ||out-ref||/||ref|| per output dtype: catches lower-precision compute "
                     "and outputs so small that atol alone would accept zeros")
     n_check: int = Field(5, ge=1, description="input sets used for the correctness verdict")
