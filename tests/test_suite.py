@@ -29,7 +29,7 @@ def test_suite_size_and_shape():
     assert set(CUDA_SOLUTIONS) <= {t.name for t in CUDA_TASKS}
 
 
-def _run_reference(task: Task, scale_down: bool):
+def _run_reference(task: Task):
     module: dict = {}
     exec(compile(task.source, task.origin, "exec"), module)
     torch.manual_seed(0)
@@ -45,7 +45,7 @@ def _run_reference(task: Task, scale_down: bool):
 
 @pytest.mark.parametrize("task", CPU_TASKS, ids=lambda t: t.name)
 def test_cpu_tasks_are_deterministic_and_input_dependent(task: Task):
-    a, b = _run_reference(task, scale_down=False)
+    a, b = _run_reference(task)
     a = a[0] if isinstance(a, (tuple, list)) else a
     b = b[0] if isinstance(b, (tuple, list)) else b
     assert torch.isfinite(a).all()
@@ -54,30 +54,35 @@ def test_cpu_tasks_are_deterministic_and_input_dependent(task: Task):
 
 
 @pytest.fixture(scope="module")
-def cpu_judge(tmp_path_factory):
-    with Judge(JudgeConfig(device="cpu", compile_mode="none", n_timed=5,
-                           cache_dir=tmp_path_factory.mktemp("suite-cache"))) as j:
-        yield j
+def judges(tmp_path_factory):
+    """One judge per backend for the module, created on first use."""
+    made: dict[str, Judge] = {}
+
+    def get(device: str) -> Judge:
+        if device not in made:
+            made[device] = Judge(JudgeConfig(device=device, compile_mode="none", n_timed=5 if device == "cpu" else 10,
+                                             cache_dir=tmp_path_factory.mktemp(f"suite-{device}-cache")))
+        return made[device]
+
+    yield get
+    for j in made.values():
+        j.close()
+
+
+def _passes(device: str, name: str, judges) -> None:
+    tasks, solutions = (CPU_TASKS, CPU_SOLUTIONS) if device == "cpu" else (CUDA_TASKS, CUDA_SOLUTIONS)
+    task = next(t for t in tasks if t.name == name)
+    v = judges(device).evaluate(task, Candidate.from_path(solutions[name]))
+    assert v.correct and v.reward >= 1 and not v.policy_violations, v.summary()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CPU_SOLUTIONS), ids=str)
-def test_cpu_solution_passes(name: str, cpu_judge: Judge):
-    task = next(t for t in CPU_TASKS if t.name == name)
-    v = cpu_judge.evaluate(task, Candidate.from_path(CPU_SOLUTIONS[name]))
-    assert v.correct and v.reward >= 1 and not v.policy_violations, v.summary()
-
-
-@pytest.fixture(scope="module")
-def cuda_judge(tmp_path_factory):
-    with Judge(JudgeConfig(device="cuda", compile_mode="none", n_timed=10,
-                           cache_dir=tmp_path_factory.mktemp("suite-cuda-cache"))) as j:
-        yield j
+def test_cpu_solution_passes(name: str, judges):
+    _passes("cpu", name, judges)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CUDA_SOLUTIONS), ids=str)
-def test_cuda_solution_passes(name: str, cuda_judge: Judge):
-    task = next(t for t in CUDA_TASKS if t.name == name)
-    v = cuda_judge.evaluate(task, Candidate.from_path(CUDA_SOLUTIONS[name]))
-    assert v.correct and v.reward >= 1 and not v.policy_violations, v.summary()
+def test_cuda_solution_passes(name: str, judges):
+    _passes("cuda", name, judges)
