@@ -2,10 +2,11 @@
 
 Data flow of one evaluation:
 
-    static policy -> build (sandboxed compiler, cached) -> candidate process starts, builds
-    ModelNew (weights copied from Model) -> for every call: fresh inputs from a secret seed,
-    reference output computed here, candidate output received as bytes and compared here ->
-    the candidate's times checked against this process's clock -> baselines -> Verdict -> reward
+    static policy -> build (sandboxed compiler, cached, import table checked) -> baselines
+    (trusted processes, same protocol, cached) -> candidate process starts and builds ModelNew
+    (weights copied from Model) -> for every call: fresh inputs from a secret seed, reference
+    output computed here, candidate output received as bytes and compared here, inputs read back
+    -> the candidate's times checked against this process's clock -> Verdict -> reward
 
 The candidate process never holds a reference output, a seed of an input it has not yet been
 given, or anything that decides the verdict.
@@ -23,6 +24,7 @@ import socket
 import statistics
 import time
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -85,7 +87,7 @@ class _Reference:
         self.get_init_inputs = module.get_init_inputs
 
 
-_HARNESS_VERSION = 3  # bump when the call protocol changes: cached baselines depend on it
+_HARNESS_VERSION = 4  # bump when the call protocol changes: cached baselines depend on it
 
 
 class _Baseline(BaseModel):
@@ -93,11 +95,18 @@ class _Baseline(BaseModel):
     overhead_ms: float   # median outside-clock cost of a call beyond the work (null) or its claim
 
 
+@dataclass
 class _Setup:
-    def __init__(self, init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs):
-        self.init_seed, self.init_args, self.ref_model = init_seed, init_args, ref_model
-        self.state_names, self.state_values = state_names, state_values
-        self.in_bytes, self.out_bytes, self.outputs = in_bytes, out_bytes, outputs
+    """One construction of the reference: its seed, arguments, weights and transport sizes."""
+
+    init_seed: int
+    init_args: list
+    ref_model: torch.nn.Module
+    state_names: list[str]
+    state_values: list[torch.Tensor]
+    in_bytes: int
+    out_bytes: int
+    outputs: list   # (shape, dtype name) per output, None for non-tensor outputs
 
 
 class _Session:
@@ -163,6 +172,10 @@ class Judge:
         self.device_name = (torch.cuda.get_device_name(0) if self.device == "cuda"
                             else f"cpu x{os.cpu_count()}")
         self._cores = len(os.sched_getaffinity(0)) or 1
+        # References in true fp32: TF32 matmul/convolution would make the reference itself the
+        # less precise side (the fp32 tolerance is 1e-4 relative L2). Process-wide by necessity.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         arch = config.arch
         if self.device == "cuda" and arch is None:
             major, minor = torch.cuda.get_device_capability(0)
@@ -581,7 +594,10 @@ class Judge:
         while True:
             msg = self._recv(chan, proc, deadline, "loading the candidate")
             if msg.get("op") == "build":
+                started = time.monotonic()
                 chan.send(self._serve_build(msg, proc, v))
+                # compile time has its own limit (build_timeout_s); it does not count as loading time
+                deadline += time.monotonic() - started
                 continue
             if not msg.get("ok"):
                 self._raise_reported(msg, v)

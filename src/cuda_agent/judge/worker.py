@@ -187,6 +187,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             sys.modules["model"] = load_module("model", init["reference_path"])
         if init.get("library"):
             sys.modules["cuda_extension"] = load_module("cuda_extension", init["library"])
+        # the same numerics as the judge's references: no TF32 (trusted baselines time fp32 work)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         flags_before = _numeric_flags(torch)
         watched = _watch(torch)
     except BaseException as exc:  # the harness itself failed before any candidate code ran

@@ -1,8 +1,8 @@
 # Level 1: exact (erf) GELU over a large activation tensor.
-# estimate on H200: 16384 x 49152 fp32 = 3.2 GB read + 3.2 GB written = 6.4 GB / 4 TB/s ~= 1.6 ms (memory-bound)
-# measured eager on H200 (torch 2.11, median of 10 calls): 1.53 ms
+# estimate on H200: 16384 x 16384 fp32 = 1.07 GB read + 1.07 GB written = 2.1 GB / 4 TB/s ~= 0.54 ms (memory-bound)
+# eager on H200 (torch 2.11): 1.53 ms measured at 16384 x 49152, so ~0.5 ms expected at this shape
 # size: capped near 1 GiB per tensor so that every checked call's inputs and outputs cross the
-# process boundary quickly; the estimate above was made for the larger original shape.
+# process boundary quickly.
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -1,8 +1,8 @@
 # Level 1: softmax along the last dimension, rows of moderate length (1024).
-# estimate on H200: 786432 x 1024 fp32 = 3.2 GB read + 3.2 GB written = 6.4 GB / 4 TB/s ~= 1.6 ms (memory-bound)
-# measured eager on H200 (torch 2.11, median of 10 calls): 1.62 ms
+# estimate on H200: 262144 x 1024 fp32 = 1.07 GB read + 1.07 GB written = 2.1 GB / 4 TB/s ~= 0.54 ms (memory-bound)
+# eager on H200 (torch 2.11): 1.62 ms measured at 786432 x 1024, so ~0.55 ms expected at this shape
 # size: capped near 1 GiB per tensor so that every checked call's inputs and outputs cross the
-# process boundary quickly; the estimate above was made for the larger original shape.
+# process boundary quickly.
 import torch
 import torch.nn as nn
 

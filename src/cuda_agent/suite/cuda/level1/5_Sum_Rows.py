@@ -1,8 +1,8 @@
 # Level 1: sum reduction along the last dimension.
-# estimate on H200: 49152 x 32768 fp32 = 6.4 GB read (output 192 KB) / 4 TB/s ~= 1.6 ms (memory-bound)
-# measured eager on H200 (torch 2.11, median of 10 calls): 1.48 ms
+# estimate on H200: 8192 x 32768 fp32 = 1.07 GB read (output 32 KB) / 4 TB/s ~= 0.27 ms (memory-bound)
+# eager on H200 (torch 2.11): 1.48 ms measured at 49152 x 32768, so ~0.25 ms expected at this shape
 # size: capped near 1 GiB per tensor so that every checked call's inputs and outputs cross the
-# process boundary quickly; the estimate above was made for the larger original shape.
+# process boundary quickly.
 import torch
 import torch.nn as nn
 

@@ -1,8 +1,8 @@
 # Level 1: 2-D max pooling, window 3x3, stride 2, padding 1 (overlapping windows).
-# estimate on H200: 128x128x256x256 fp32 = 4.3 GB read + 1.1 GB written = 5.4 GB / 4 TB/s ~= 1.3 ms (memory-bound)
-# measured eager on H200 (torch 2.11, median of 10 calls): 4.12 ms
+# estimate on H200: 32x128x256x256 fp32 = 1.07 GB read + 0.27 GB written = 1.34 GB / 4 TB/s ~= 0.34 ms (memory-bound)
+# eager on H200 (torch 2.11): 4.12 ms measured at 128x128x256x256, so ~1.0 ms expected at this shape
 # size: capped near 1 GiB per tensor so that every checked call's inputs and outputs cross the
-# process boundary quickly; the estimate above was made for the larger original shape.
+# process boundary quickly.
 import torch
 import torch.nn as nn
 
