@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cuda_agent.candidate import Candidate, CandidateError
-from cuda_agent.judge import Judge, JudgeConfig, Verdict
+from cuda_agent.judge import Judge, JudgeConfig, JudgeError, Verdict
 from cuda_agent.report import console, summary_lines, verdict_table
 from cuda_agent.tasks import Task, load_tasks
 
@@ -59,7 +59,12 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels=
                     console.print(f"[red]{t.name}: {exc}[/red]")
                     progress.advance(bar)
                     continue
-                v = judge.evaluate(t, cand)
+                try:
+                    v = judge.evaluate(t, cand)
+                except JudgeError as exc:  # a broken task, not a candidate's fault: say so, go on
+                    console.print(f"[red]{t.name}: {exc}[/red]")
+                    progress.advance(bar)
+                    continue
                 v.versions["level"] = str(t.level or "")
                 verdicts.append(v)
                 if sink:
