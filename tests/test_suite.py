@@ -54,14 +54,19 @@ def test_cpu_tasks_are_deterministic_and_input_dependent(task: Task):
 
 
 @pytest.fixture(scope="module")
-def judges(tmp_path_factory):
-    """One judge per backend for the module, created on first use."""
+def suite_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("suite-cache")
+
+
+@pytest.fixture(scope="module")
+def judges(suite_cache):
+    """One judge per backend for the module, created on first use; builds shared through one cache."""
     made: dict[str, Judge] = {}
 
     def get(device: str) -> Judge:
         if device not in made:
             made[device] = Judge(JudgeConfig(device=device, compile_mode="none", n_timed=5 if device == "cpu" else 10,
-                                             cache_dir=tmp_path_factory.mktemp(f"suite-{device}-cache")))
+                                             cache_dir=suite_cache))
         return made[device]
 
     yield get
@@ -86,3 +91,23 @@ def test_cpu_solution_passes(name: str, judges):
 @pytest.mark.parametrize("name", sorted(CUDA_SOLUTIONS), ids=str)
 def test_cuda_solution_passes(name: str, judges):
     _passes("cuda", name, judges)
+
+
+@pytest.mark.slow
+def test_bench_cli_runs_the_cpu_suite(suite_cache, tmp_path):
+    """The main job on a machine without a GPU: `cuda-agent bench` over the bundled suite (level 1 here;
+    the builds are already cached by the tests above)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "verdicts.jsonl"
+    res = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "bench", "suite", "--device", "cpu", "--level", "1",
+                          "--compile-mode", "none", "-c", "n_timed=5", "-c", f"cache_dir={json.dumps(str(suite_cache))}",
+                          "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "pass rate" in res.stdout and "geomean" in res.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    expected = {n for n in CPU_SOLUTIONS if next(t for t in CPU_TASKS if t.name == n).level == 1}
+    assert {r["task_name"] for r in rows} == expected
+    assert all(r["correct"] and r["reward"] >= 1 for r in rows), [(r["task_name"], r["failure"]) for r in rows]
