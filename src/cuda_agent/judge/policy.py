@@ -161,7 +161,7 @@ _CPP_ALWAYS = [
     (r"\bf?open\s*\(|std::[io]?fstream|\bfreopen\b|\bunlink\b|\bremove\s*\(|\brename\s*\(|\bFILE\s*\*",
      "file access"),
     (r"\b(getenv|setenv|putenv|unsetenv)\b|\benviron\b", "environment access"),
-    (r"\bcu(da)?Event\w*|\bcu(da)?Ipc\w*|\bcuptiw*|\bcupti\w*|\bcudaProfiler\w*|\bnvtx\w*", "timers/profilers/IPC"),
+    (r"\bcu(da)?Event\w*|\bcu(da)?Ipc\w*|\bcupti\w*|\bcudaProfiler\w*|\bnvtx\w*", "timers/profilers/IPC"),
     (r"\bcudaMallocManaged\b|\bcuMemAllocManaged\b|\bcudaDeviceReset\b|\bcudaDeviceSetLimit\b", "device-wide state"),
     (r"__attribute__\s*\(\s*\(\s*(constructor|destructor)|\binit_priority\b", "static constructors"),
     (r"PyRun_\w*|PyImport_\w*|PyEval_\w*|PyObject_(Set|Get|Call)\w*|(py|pybind11)::(module_?::import|eval|exec|globals)"
