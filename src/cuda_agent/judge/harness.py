@@ -204,6 +204,7 @@ class Judge:
                           compile_mode=None if self.config.compile_mode == "none" else self.config.compile_mode,
                           versions={"torch": torch.__version__, "cuda": str(torch.version.cuda)})
         self._live: list[Sandboxed] = []
+        self._build_failure: Failure | None = None  # a load_inline build the candidate asked for failed
         try:
             self._evaluate(task, candidate, verdict, t0)
         except _Stop as stop:
@@ -620,11 +621,11 @@ class Judge:
                 with_cuda=msg.get("with_cuda") if isinstance(msg.get("with_cuda"), bool) else None,
                 with_pytorch_error_handling=bool(msg.get("with_pytorch_error_handling", True)))
         except BuildError as exc:
-            v._build_failure = Failure(category=FC.COMPILE, message=str(exc))  # type: ignore[attr-defined]
+            self._build_failure = Failure(category=FC.COMPILE, message=str(exc))
             return {"ok": False, "message": str(exc)}
         if self.device == "cpu" and spec.with_cuda:
             msg_text = "CUDA sources cannot be built for the CPU backend"
-            v._build_failure = Failure(category=FC.COMPILE, message=msg_text)  # type: ignore[attr-defined]
+            self._build_failure = Failure(category=FC.COMPILE, message=msg_text)
             return {"ok": False, "message": msg_text}
         violations = []
         for rel, src in spec.sources:
@@ -635,7 +636,7 @@ class Judge:
         try:
             library = self._build(spec, v)
         except _Stop as stop:
-            v._build_failure = stop.failure  # type: ignore[attr-defined]
+            self._build_failure = stop.failure
             return {"ok": False, "message": stop.failure.message}
         dest = proc.spec.workdir / f"lib_{spec.name}.so"
         shutil.copy2(library, dest)
@@ -649,7 +650,7 @@ class Judge:
         self._blocked(msg, v)
         if v.policy_violations:
             raise _Stop(FC.POLICY, v.policy_violations[0])
-        build_failure = getattr(v, "_build_failure", None)
+        build_failure = self._build_failure
         if build_failure is not None:
             v.compiled = False
             raise _Stop(build_failure.category, build_failure.message)
