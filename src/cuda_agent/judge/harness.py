@@ -41,7 +41,7 @@ from .config import JudgeConfig
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError
 from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv
 from .tensorio import TransportError, nbytes_of, pack, unpack
-from .timing import CacheFlusher, CallTimer, reconcile, summarize
+from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Timing, Verdict
 
 
@@ -193,8 +193,6 @@ class Judge:
         self._integrity = _package_files()
         self._references: dict[str, _Reference] = {}
         self._baselines: dict[str, _Baseline] = {}
-        self._flusher: CacheFlusher | None = None
-        self._timer: CallTimer | None = None
 
     # -------------------------------------------------------------------------------- public
     def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
@@ -322,7 +320,8 @@ class Judge:
         # The output half holds exactly what a correct candidate returns (plus slack); anything
         # larger is wrong anyway and is reported as such by the candidate's own harness.
         plane = DataPlane.create(setup.in_bytes, setup.out_bytes + (1 << 20))
-        self._pin(plane)
+        if self.device == "cuda":
+            plane.pin()
         try:
             proc, chan = self._spawn(task, model_new, plane, library)
         except BaseException:
@@ -697,16 +696,6 @@ class Judge:
                         or not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
                     raise _Stop(FC.MISMATCH, f"call {i}: forward modified input {k} in place")
 
-    def _pin(self, plane: DataPlane) -> None:
-        """Page-lock the shared region so copies to and from the GPU run at full DMA speed."""
-        if self.device != "cuda":
-            return
-        import ctypes
-
-        ptr = ctypes.addressof(ctypes.c_char.from_buffer(plane.mm))
-        if torch.cuda.cudart().cudaHostRegister(ptr, plane.size, 0) == 0:
-            plane.pinned_ptr = ptr
-
     def _get_zygote(self) -> Zygote | None:
         use = self.config.use_zygote if self.config.use_zygote is not None else self.device == "cpu"
         if not use:
@@ -715,15 +704,6 @@ class Judge:
             self._zygote = Zygote(env={"OMP_WAIT_POLICY": "PASSIVE"} if self.device == "cpu" else {})
         return self._zygote
 
-    def _get_flusher(self) -> CacheFlusher:
-        if self._flusher is None:
-            self._flusher = CacheFlusher(self.device, self.config.flush_l2)
-        return self._flusher
-
-    def _get_timer(self) -> CallTimer:
-        if self._timer is None:
-            self._timer = CallTimer(self.device)
-        return self._timer
 
 
 

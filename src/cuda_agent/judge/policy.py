@@ -316,25 +316,6 @@ _CUDA_LIBS_OK = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*)$")
 _CUDA_LIBS_OTHER = re.compile(r"^(cufft\w*|cusparse\w*|cusolver\w*|curand\w*|nvjpeg\w*|cutensor\w*)$")
 
 
-def undefined_symbols(library) -> list[str] | None:
-    """Demangled names the library imports, or None when `nm` is not available."""
-    import shutil
-    import subprocess
-
-    if shutil.which("nm") is None:
-        return None
-    res = subprocess.run(["nm", "-D", "--undefined-only", "-C", str(library)], capture_output=True, text=True,
-                         timeout=60)
-    if res.returncode != 0:
-        return None
-    names = []
-    for line in res.stdout.splitlines():
-        parts = line.strip().split(None, 1)
-        if len(parts) == 2 and parts[0] in ("U", "w", "v"):
-            names.append(parts[1].split("@")[0].strip())
-    return names
-
-
 def _op_allowed(op: str) -> bool:
     return any(op == base or op.startswith(base + "_") for base in ALLOWED_ATEN_STRICT)
 

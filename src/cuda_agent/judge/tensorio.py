@@ -44,8 +44,7 @@ def pack(values, view: memoryview, base: int, limit: int) -> list[dict]:
             if offset + nbytes > base + limit:
                 raise TransportError(f"values exceed the {limit >> 20} MiB transport limit")
             if nbytes:
-                view[offset: offset + nbytes] = t.reshape(-1).view(torch.uint8).numpy().tobytes() \
-                    if t.dtype == torch.bool else memoryview(t.reshape(-1).view(torch.uint8).numpy())
+                view[offset: offset + nbytes] = memoryview(t.reshape(-1).view(torch.uint8).numpy())
             meta.append({"t": "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape),
                          "offset": offset, "nbytes": nbytes})
             offset += nbytes

@@ -176,11 +176,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if device == "cuda":
             torch.cuda.init()
             torch.cuda.set_device(0)
-            # page-locked shared region: full-speed copies to and from the GPU
-            import ctypes
-
-            ptr = ctypes.addressof(ctypes.c_char.from_buffer(plane.mm))
-            torch.cuda.cudart().cudaHostRegister(ptr, plane.size, 0)
+            plane.pin()
         flusher = CacheFlusher(device, init.get("flush", True))
         timer = CallTimer(device)
         if init.get("reference_path"):
