@@ -114,21 +114,88 @@ def bench_cmd(
         "--solutions", help="folder of solutions named by task (NAME.py or NAME/ workspace); "
                             "default for the suite: its bundled solutions")] = None,
     level: Annotated[Optional[list[int]], typer.Option("--level", help="only these levels")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="write all verdicts as JSON lines here")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="write the run's verdicts as JSON lines here")] = None,
+    db: Annotated[Optional[Path], typer.Option(
+        "--db", help="results database (default: $CUDA_AGENT_DB or results.sqlite in the cache folder)")] = None,
+    run: Annotated[Optional[str], typer.Option(
+        "--run", help="run name; an existing run resumes, judging only what it lacks "
+                      "(default: a new run named after the tasks, device and time)")] = None,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="judge workers (cuda: one per visible GPU at most; cpu: default 1)")] = None,
+    compile_workers: Annotated[Optional[int], typer.Option(
+        "--compile-workers", help="workers building candidates ahead (default: the spare cores; 0: none)")] = None,
+    time_limit: Annotated[Optional[float], typer.Option(
+        "--time-limit", help="seconds one candidate may hold a judge worker before it is replaced")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", help="also write the run's HTML report here")] = None,
+    count_missing: Annotated[bool, typer.Option(
+        "--count-missing", help="count tasks without a solution as failures in the metrics")] = False,
     device: DeviceOpt = None, policy: PolicyOpt = None, compile_mode: CompileOpt = None,
     config: ConfigOpt = None, set_: SetOpt = None,
 ) -> None:
-    """Judge every task that has a solution and print the table (speed-ups, rewards, pass rates)."""
-    from cuda_agent.bench import run_bench
+    """Judge every task that has a solution through the worker pool; print the table and CUDA Agent's metrics.
 
-    cfg = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
+    Every verdict goes to the results database as it arrives: rerun with the same --run to resume.
+    """
+    from pydantic import ValidationError
+
+    from cuda_agent.bench import run_bench
+    from cuda_agent.db import DBError
     from cuda_agent.judge import JudgeError
+    from cuda_agent.pool import PoolConfig, PoolError
     from cuda_agent.tasks import TaskError
 
+    cfg = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
     try:
-        run_bench(tasks, solutions, cfg, levels=level, out=out)
-    except (TaskError, JudgeError, FileNotFoundError) as exc:
+        pool_config = PoolConfig(judge_workers=workers, compile_workers=compile_workers, time_limit_s=time_limit)
+    except ValidationError as exc:
+        _fail(f"invalid pool settings:\n{exc}", 2)
+    try:
+        run_bench(tasks, solutions, cfg, levels=level, out=out, db_path=db, run_name=run, pool_config=pool_config,
+                  report=report, count_missing=count_missing)
+    except (TaskError, JudgeError, PoolError, DBError, FileNotFoundError) as exc:
         _fail(str(exc))
+
+
+@app.command("report")
+def report_cmd(
+    run_a: Annotated[str, typer.Argument(help="the run to report")],
+    run_b: Annotated[Optional[str], typer.Argument(help="a second run, compared side by side with the first")] = None,
+    db: Annotated[Optional[Path], typer.Option("--db", help="results database (default as for bench)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="HTML file to write (default: RUN_A[-vs-RUN_B].html)")] = None,
+    count_missing: Annotated[bool, typer.Option(
+        "--count-missing", help="count tasks without a solution as failures in the metrics")] = False,
+) -> None:
+    """Write one self-contained HTML report of a run (or of two runs, side by side)."""
+    from cuda_agent.db import DBError, default_db_path
+    from cuda_agent.judge.config import default_cache_dir
+    from cuda_agent.report_html import write_report
+
+    db_path = db or default_db_path(default_cache_dir())
+    if not db_path.exists():
+        _fail(f"{db_path}: no results database (run cuda-agent bench first, or pass --db)", 2)
+    runs = [run_a] + ([run_b] if run_b else [])
+    target = out or Path("-vs-".join(runs).replace("/", "_") + ".html")
+    try:
+        write_report(db_path, runs, target, count_missing=count_missing)
+    except KeyError as exc:
+        _fail(str(exc.args[0]), 2)
+    except DBError as exc:
+        _fail(str(exc))
+    typer.echo(str(target))
+
+
+@app.command("runs")
+def runs_cmd(db: Annotated[Optional[Path], typer.Option("--db", help="results database (default as for bench)")] = None) -> None:
+    """List the runs in the results database, newest first."""
+    from cuda_agent.db import ResultsDB, default_db_path
+    from cuda_agent.judge.config import default_cache_dir
+
+    db_path = db or default_db_path(default_cache_dir())
+    if not db_path.exists():
+        _fail(f"{db_path}: no results database", 2)
+    with ResultsDB(db_path) as rdb:
+        for info, count in rdb.runs():
+            typer.echo(f"{info.name}\t{info.device}\t{count} verdicts\t{info.spec}")
 
 
 def main() -> None:  # pragma: no cover

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from rich.console import Console
 from rich.table import Table
 
@@ -37,36 +35,65 @@ def print_verdict(v: Verdict) -> None:
     console.print(f"  build {build}, judged in {v.judge_s or 0:.1f} s, {v.n_checked} outputs checked")
 
 
-def geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def verdict_table(verdicts: list[Verdict], title: str) -> Table:
+def verdict_table(verdicts: list, title: str) -> Table:
+    """One row per task; `verdicts` are `StoredVerdict`s (a verdict with its task's level)."""
     table = Table(title=title)
     for col in ("task", "level", "compiled", "correct", "runtime ms", "eager ms", "compile ms",
                 "vs eager", "vs compile", "reward", "failure"):
         table.add_column(col, justify="right" if "ms" in col or col.startswith("vs") else "left")
-    for v in verdicts:
-        table.add_row(v.task_name, str(v.versions.get("level", "")), "yes" if v.compiled else "no",
+    for sv in verdicts:
+        v = sv.verdict
+        table.add_row(v.task_name, "" if sv.level is None else str(sv.level), "yes" if v.compiled else "no",
                       "[green]yes[/green]" if v.correct else "[red]no[/red]", _ms(v.runtime_ms), _ms(v.eager_ms),
                       _ms(v.compile_ms), _x(v.speedup_vs_eager), _x(v.speedup_vs_compile), f"{v.reward:g}",
                       (v.failure.category.value + ": " + v.failure.message.splitlines()[0][:60]) if v.failure else "")
     return table
 
 
-def summary_lines(verdicts: list[Verdict]) -> list[str]:
-    n = len(verdicts)
-    if not n:
+def metrics_footnote(count_missing: bool, n_missing: int) -> str:
+    from cuda_agent.metrics import GEOMEAN_NOTE
+
+    counted = ("tasks without a solution count as failures" if count_missing
+               else "tasks without a solution are not counted")
+    return (f"Rates are over the tasks counted; {counted} ({n_missing} without one). {GEOMEAN_NOTE}; "
+            "'correct only' is the geomean over correct tasks alone. fast_p: correct and > p x eager.")
+
+
+def metrics_tables(table, *, count_missing: bool = False, n_missing: int = 0) -> list[Table]:
+    """CUDA Agent's Table 1 (per level and overall) and KernelBench's fast_p, as rich tables."""
+    from cuda_agent.metrics import FAST_P, fast_p_key
+
+    rows = table.levels + [table.overall]
+    t1 = Table(title="CUDA Agent Table 1 metrics", caption=metrics_footnote(count_missing, n_missing))
+    for col in ("", "tasks", "pass rate", "faster than eager", "faster than compile", "geomean vs eager",
+                "geomean vs compile", "vs eager (correct only)", "vs compile (correct only)"):
+        t1.add_column(col, justify="left" if not col else "right")
+    for m in rows:
+        t1.add_row(m.label, str(m.n), _pct(m.pass_rate), _pct(m.faster_than_eager_rate),
+                   _pct(m.faster_than_compile_rate), _x(m.geomean_speedup_vs_eager),
+                   _x(m.geomean_speedup_vs_compile), _x(m.geomean_speedup_vs_eager_correct),
+                   _x(m.geomean_speedup_vs_compile_correct), style="bold" if m.label == "overall" else None)
+    fp = Table(title="KernelBench fast_p (correct and speed-up vs eager > p)")
+    fp.add_column("")
+    for p in FAST_P:
+        fp.add_column(f"fast_{p:g}", justify="right")
+    for m in rows:
+        fp.add_row(m.label, *[_pct(m.fast_p[fast_p_key(p)]) for p in FAST_P],
+                   style="bold" if m.label == "overall" else None)
+    return [t1, fp]
+
+
+def summary_lines(table) -> list[str]:
+    m = table.overall
+    if not m.n:
         return ["no tasks judged"]
-    correct = [v for v in verdicts if v.correct]
-    faster_eager = [v for v in correct if (v.speedup_vs_eager or 0) > 1.0]
-    faster_compile = [v for v in correct if (v.speedup_vs_compile or 0) > 1.0]
-    ge = geomean([v.speedup_vs_eager for v in correct if v.speedup_vs_eager])
-    gc = geomean([v.speedup_vs_compile for v in correct if v.speedup_vs_compile])
     return [
-        f"pass rate {len(correct)}/{n} ({100 * len(correct) / n:.1f}%), faster than eager {len(faster_eager)}/{n}, "
-        f"faster than torch.compile {len(faster_compile)}/{n}",
-        f"geomean speed-up over correct tasks: {_x(ge)} vs eager, {_x(gc)} vs torch.compile",
-        f"mean reward {sum(v.reward for v in verdicts) / n:.2f}",
+        f"pass rate {m.n_correct}/{m.n} ({100 * m.pass_rate:.1f}%), faster than eager {_pct(m.faster_than_eager_rate)}, "
+        f"faster than torch.compile {_pct(m.faster_than_compile_rate)}",
+        f"geomean speed-up (failures as 1.0x): {_x(m.geomean_speedup_vs_eager)} vs eager, "
+        f"{_x(m.geomean_speedup_vs_compile)} vs torch.compile",
     ]

@@ -15,7 +15,6 @@ given, or anything that decides the verdict.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import secrets
@@ -28,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel
 
 from cuda_agent.candidate import Candidate
 from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
 
 from . import policy as pol
+from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBaselineStore
 from .build import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
@@ -42,7 +41,7 @@ from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, Protoco
 from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import reconcile, summarize
-from .verdict import CallRecord, Failure, FailureCategory as FC, Timing, Verdict
+from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
 
 
 class JudgeError(RuntimeError):
@@ -88,11 +87,6 @@ class _Reference:
 
 
 _HARNESS_VERSION = 4  # bump when the call protocol changes: cached baselines depend on it
-
-
-class _Baseline(BaseModel):
-    timing: Timing
-    overhead_ms: float   # median outside-clock cost of a call beyond the work (null) or its claim
 
 
 @dataclass
@@ -164,7 +158,8 @@ def _to_list(out) -> list:
 class Judge:
     """A long-lived judge. `evaluate` never raises for a candidate's faults: it returns a Verdict."""
 
-    def __init__(self, config: JudgeConfig | None = None):
+    def __init__(self, config: JudgeConfig | None = None, baseline_store: BaselineStore | None = None):
+        """`baseline_store`: where measured baselines are kept (default: files under cache_dir/baselines)."""
         self.config = config = config or JudgeConfig()
         self.device = config.device
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -188,8 +183,7 @@ class Judge:
         # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
                                uid=None if self.uid is None else self.uid + 5000, zygote=self._get_zygote)
-        self.baseline_dir = config.cache_dir / "baselines"
-        self.baseline_dir.mkdir(parents=True, exist_ok=True)
+        self.baseline_store = baseline_store or FileBaselineStore(config.cache_dir / "baselines")
         self._integrity = _package_files()
         self._references: dict[str, _Reference] = {}
         self._baselines: dict[str, _Baseline] = {}
@@ -453,18 +447,17 @@ class Judge:
         candidate process alive: `eager` (the reference), a torch.compile mode, or `null` (returns
         outputs of the right shape without computing: the cost of the protocol itself)."""
         cfg = self.config
-        key = hashlib.sha256(json.dumps([_HARNESS_VERSION, task.id, self.device_name, torch.__version__, mode,
-                                         cfg.flush_l2, cfg.n_timed, cfg.n_warmup]).encode()).hexdigest()[:24]
+        bkey = BaselineKey(harness_version=_HARNESS_VERSION, task_id=task.id, device_name=self.device_name,
+                           torch_version=torch.__version__, mode=mode, flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
+                           n_warmup=cfg.n_warmup)
+        key = bkey.digest()
         if key in self._baselines:
             return self._baselines[key]
-        path = self.baseline_dir / f"{key}.json"
-        if cfg.cache_baselines and path.exists():
-            try:
-                base = _Baseline.model_validate_json(path.read_text())
-                self._baselines[key] = base
-                return base
-            except ValueError:
-                path.unlink(missing_ok=True)
+        if cfg.cache_baselines:
+            stored = self.baseline_store.get(bkey)
+            if stored is not None:
+                self._baselines[key] = stored
+                return stored
         setup = self._setup(task, ref, secrets.randbits(31))
         source = _baseline_source(mode, setup.outputs)
         try:
@@ -484,9 +477,7 @@ class Judge:
         base = _Baseline(timing=summarize(inside), overhead_ms=overhead)
         self._baselines[key] = base
         if cfg.cache_baselines:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(base.model_dump_json())
-            os.replace(tmp, path)
+            self.baseline_store.put(bkey, base)
         return base
 
     def _static_checks(self, cand: Candidate, v: Verdict) -> None:

@@ -1,0 +1,282 @@
+"""The results database: runs, verdicts, candidate sources and baselines in one SQLite file.
+
+SQLite in WAL mode is the embedded default: one writer and any number of readers at once, across
+processes (the bench process writes verdicts while pool workers read and write baselines). Every
+verdict is committed in its own transaction as soon as it arrives, so a bench process killed with
+SIGKILL loses no verdict it had finished: WAL commits survive the death of the process. With
+`synchronous=NORMAL` the last commits can be lost if the *machine* loses power, never on a process
+crash; that trade keeps commits cheap.
+
+Identity: a verdict is keyed by (run, task id, candidate hash). Rerunning a run skips every pair
+already present, which is how an interrupted run resumes. A run records the judge settings it was
+made with (`settings_digest`); resuming it with other settings is refused, because the verdicts
+would not be comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from cuda_agent.candidate import Candidate
+from cuda_agent.judge.baselines import Baseline, BaselineKey
+from cuda_agent.judge.verdict import Verdict
+from cuda_agent.tasks import Task
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    name TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    spec TEXT NOT NULL,
+    device TEXT NOT NULL,
+    settings_digest TEXT NOT NULL,
+    info TEXT NOT NULL                      -- JSON: judge config, levels, solutions, versions, argv
+);
+CREATE TABLE IF NOT EXISTS candidates (
+    hash TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    model_new TEXT NOT NULL,
+    kernels TEXT NOT NULL                   -- JSON list of [relative path, source]
+);
+CREATE TABLE IF NOT EXISTS verdicts (
+    run TEXT NOT NULL REFERENCES runs(name),
+    task_id TEXT NOT NULL,
+    candidate_hash TEXT NOT NULL,
+    task_name TEXT NOT NULL,
+    task_group TEXT NOT NULL,
+    task_origin TEXT NOT NULL,
+    level INTEGER,
+    compiled INTEGER NOT NULL,
+    correct INTEGER NOT NULL,
+    reward REAL NOT NULL,
+    failure TEXT,                           -- failure category, NULL when none
+    runtime_ms REAL,
+    eager_ms REAL,
+    compile_ms REAL,
+    speedup_vs_eager REAL,
+    speedup_vs_compile REAL,
+    judge_s REAL,
+    finished_at REAL NOT NULL,
+    verdict TEXT NOT NULL,                  -- the full verdict as JSON
+    PRIMARY KEY (run, task_id, candidate_hash)
+);
+CREATE INDEX IF NOT EXISTS verdicts_by_run ON verdicts (run, finished_at);
+CREATE TABLE IF NOT EXISTS baselines (
+    key TEXT PRIMARY KEY,                   -- BaselineKey.digest()
+    task_id TEXT NOT NULL,
+    device_name TEXT NOT NULL,
+    torch_version TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    record TEXT NOT NULL,                   -- Baseline as JSON
+    key_fields TEXT NOT NULL,               -- BaselineKey as JSON
+    created_at REAL NOT NULL
+);
+"""
+
+
+class DBError(RuntimeError):
+    """The database cannot be used as asked (unreadable file, a run resumed with other settings)."""
+
+
+def default_db_path(cache_dir: Path) -> Path:
+    """`$CUDA_AGENT_DB`, else `results.sqlite` in the judge's cache folder."""
+    env = os.environ.get("CUDA_AGENT_DB")
+    return Path(env) if env else Path(cache_dir) / "results.sqlite"
+
+
+class RunInfo(BaseModel):
+    name: str
+    created_at: float
+    spec: str
+    device: str
+    settings_digest: str
+    info: dict = Field(default_factory=dict)
+
+
+class StoredVerdict(BaseModel):
+    """A verdict as stored, with the task facts the verdict itself does not carry."""
+
+    run: str
+    task_id: str
+    task_name: str
+    task_group: str
+    task_origin: str
+    level: int | None
+    candidate_hash: str
+    finished_at: float
+    verdict: Verdict
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = sqlite3.connect(str(path), timeout=60.0, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except sqlite3.DatabaseError as exc:
+        raise DBError(f"{path}: not a usable SQLite database: {exc}") from None
+    return conn
+
+
+class ResultsDB:
+    """The results database. Thread-safe (one connection behind a lock); open one per process."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._conn = _connect(self.path)
+        self._lock = threading.Lock()
+        with self._lock, self._conn:
+            self._conn.executescript(_SCHEMA)
+            row = self._conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                self._conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise DBError(f"{self.path}: schema version {row[0]}, this program reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> "ResultsDB":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------ runs
+    def open_run(self, name: str, *, spec: str, device: str, settings_digest: str, info: dict) -> tuple[RunInfo, bool]:
+        """The run called `name`, created if new. Returns (run, created). Refuses to resume a run
+        made on another device or with other judge settings."""
+        with self._lock, self._conn:
+            existing = self._run(name)
+            if existing is not None:
+                if existing.device != device or existing.settings_digest != settings_digest:
+                    raise DBError(
+                        f"run {name!r} was made with other judge settings (device {existing.device}, settings "
+                        f"{existing.settings_digest}; now {device}, {settings_digest}): its verdicts would not be "
+                        f"comparable; choose another --run name")
+                return existing, False
+            run = RunInfo(name=name, created_at=time.time(), spec=spec, device=device,
+                          settings_digest=settings_digest, info=info)
+            self._conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)",
+                               (run.name, run.created_at, run.spec, run.device, run.settings_digest,
+                                json.dumps(run.info, default=str)))
+            return run, True
+
+    def _run(self, name: str) -> RunInfo | None:
+        row = self._conn.execute("SELECT name, created_at, spec, device, settings_digest, info FROM runs "
+                                 "WHERE name=?", (name,)).fetchone()
+        if row is None:
+            return None
+        return RunInfo(name=row[0], created_at=row[1], spec=row[2], device=row[3], settings_digest=row[4],
+                       info=json.loads(row[5]))
+
+    def update_run_info(self, name: str, **fields) -> None:
+        """Merge `fields` into a run's info (e.g. the tasks a resumed invocation found unsolved)."""
+        with self._lock, self._conn:
+            run = self._run(name)
+            if run is None:
+                raise DBError(f"no run named {name!r}")
+            self._conn.execute("UPDATE runs SET info=? WHERE name=?",
+                               (json.dumps(run.info | fields, default=str), name))
+
+    def run(self, name: str) -> RunInfo | None:
+        with self._lock:
+            return self._run(name)
+
+    def runs(self) -> list[tuple[RunInfo, int]]:
+        """Every run with its number of verdicts, newest first."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT r.name, COUNT(v.task_id) FROM runs r LEFT JOIN verdicts v ON v.run = r.name "
+                "GROUP BY r.name ORDER BY r.created_at DESC").fetchall()
+            return [(self._run(name), count) for name, count in rows]
+
+    # -------------------------------------------------------------------------------- verdicts
+    def finished(self, run: str) -> set[tuple[str, str]]:
+        """(task id, candidate hash) pairs that already have a verdict in `run`."""
+        with self._lock:
+            return {(a, b) for a, b in self._conn.execute(
+                "SELECT task_id, candidate_hash FROM verdicts WHERE run=?", (run,))}
+
+    def add_verdict(self, run: str, task: Task, candidate: Candidate, verdict: Verdict) -> None:
+        """Store a verdict and its candidate's source in one transaction, committed on return."""
+        failure = verdict.failure.category.value if verdict.failure else None
+        with self._lock, self._conn:
+            self._conn.execute(
+                "INSERT OR IGNORE INTO candidates VALUES (?, ?, ?, ?, ?)",
+                (candidate.hash, candidate.kind, candidate.origin, candidate.model_new,
+                 json.dumps([list(k) for k in candidate.kernels])))
+            self._conn.execute(
+                "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run, task.id, candidate.hash, task.name, task.group, task.origin, task.level,
+                 int(verdict.compiled), int(verdict.correct), verdict.reward, failure, verdict.runtime_ms,
+                 verdict.eager_ms, verdict.compile_ms, verdict.speedup_vs_eager, verdict.speedup_vs_compile,
+                 verdict.judge_s, time.time(), verdict.model_dump_json()))
+
+    def verdicts(self, run: str, *, latest_per_task: bool = True) -> list[StoredVerdict]:
+        """The run's verdicts in the order they finished. With `latest_per_task`, one per task: the
+        last one judged (a run resumed after its solutions changed holds older candidates too)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT run, task_id, task_name, task_group, task_origin, level, candidate_hash, finished_at, "
+                "verdict FROM verdicts WHERE run=? ORDER BY finished_at, rowid", (run,)).fetchall()
+        out = [StoredVerdict(run=r[0], task_id=r[1], task_name=r[2], task_group=r[3], task_origin=r[4],
+                             level=r[5], candidate_hash=r[6], finished_at=r[7],
+                             verdict=Verdict.model_validate_json(r[8])) for r in rows]
+        if latest_per_task:
+            last = {v.task_id: v for v in out}
+            out = [v for v in out if last[v.task_id] is v]
+        return out
+
+    def candidate(self, hash_: str) -> Candidate | None:
+        with self._lock:
+            row = self._conn.execute("SELECT kind, origin, model_new, kernels FROM candidates WHERE hash=?",
+                                     (hash_,)).fetchone()
+        if row is None:
+            return None
+        return Candidate(kind=row[0], origin=row[1], model_new=row[2],
+                         kernels=tuple((rel, src) for rel, src in json.loads(row[3])))
+
+
+class SqliteBaselineStore:
+    """A `BaselineStore` in the results database's `baselines` table: each task pays for its
+    torch.compile baseline once per machine model, whichever process or run measured it."""
+
+    def __init__(self, path: Path):
+        ResultsDB(path).close()  # creates the schema if needed
+        self.path = Path(path)
+        self._conn = _connect(self.path)
+        self._lock = threading.Lock()
+
+    def get(self, key: BaselineKey) -> Baseline | None:
+        with self._lock:
+            row = self._conn.execute("SELECT record FROM baselines WHERE key=?", (key.digest(),)).fetchone()
+        if row is None:
+            return None
+        try:
+            return Baseline.model_validate_json(row[0])
+        except ValueError:
+            return None
+
+    def put(self, key: BaselineKey, baseline: Baseline) -> None:
+        with self._lock, self._conn:
+            self._conn.execute("INSERT OR REPLACE INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                               (key.digest(), key.task_id, key.device_name, key.torch_version, key.mode,
+                                baseline.model_dump_json(), key.model_dump_json(), time.time()))
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

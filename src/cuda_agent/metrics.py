@@ -1,0 +1,126 @@
+"""Benchmark metrics as pure functions of per-task outcomes: CUDA Agent's Table 1 and KernelBench's fast_p.
+
+Per level and overall, over the tasks counted (every task that was judged; with
+`count_missing`, tasks without a solution too, as failures):
+
+* pass rate: correct / counted;
+* faster-than-eager rate and faster-than-compile rate: correct and speed-up > 1 / counted;
+* geometric-mean speed-up vs eager and vs torch.compile over *all* counted tasks, a task that
+  failed (or has no solution) entering with speed-up 1.0: the reference implementation is what a
+  user would run in its place. This keeps a model that is often wrong from scoring a high geomean
+  on its few successes; the geomean over correct tasks alone is reported as well, named so;
+* fast_p (KernelBench): correct and speed-up vs eager > p, over counted tasks, for
+  p in {0, 0.5, 0.8, 1.0, 1.5, 2.0}; fast_0 equals the pass rate.
+
+A speed-up is baseline time / candidate time (median of the timed calls). When there is no
+torch.compile baseline (compile mode "none") the compile columns are None, not 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+FAILURE_SPEEDUP = 1.0  # how a failed task enters the geomeans (see the module docstring)
+GEOMEAN_NOTE = ("geomean speed-ups count every task; a failed task (or one without a solution, "
+                "when counted) enters with speed-up 1.0, as if the reference ran in its place")
+
+
+class Outcome(BaseModel):
+    """What the metrics need from one task's verdict."""
+
+    model_config = ConfigDict(frozen=True)
+    level: int | None
+    correct: bool
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    has_compile_baseline: bool = False  # a torch.compile time existed for this task
+
+    @classmethod
+    def of(cls, verdict, level: int | None) -> "Outcome":
+        """From a `Verdict` (duck-typed: keeps this module free of judge imports)."""
+        return cls(level=level, correct=bool(verdict.correct), speedup_vs_eager=verdict.speedup_vs_eager,
+                   speedup_vs_compile=verdict.speedup_vs_compile,
+                   has_compile_baseline=verdict.compile_ms is not None)
+
+    @classmethod
+    def missing(cls, level: int | None) -> "Outcome":
+        """A task with no solution, counted as a failure."""
+        return cls(level=level, correct=False)
+
+
+class Metrics(BaseModel):
+    """One row of Table 1 plus fast_p. Rates are fractions in [0, 1]."""
+
+    model_config = ConfigDict(frozen=True)
+    label: str
+    n: int
+    n_correct: int
+    pass_rate: float
+    faster_than_eager_rate: float
+    faster_than_compile_rate: float | None
+    geomean_speedup_vs_eager: float | None
+    geomean_speedup_vs_compile: float | None
+    geomean_speedup_vs_eager_correct: float | None    # over correct tasks only
+    geomean_speedup_vs_compile_correct: float | None
+    fast_p: dict[str, float]                          # "fast_0", "fast_0.5", ... -> fraction
+
+
+class MetricsTable(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    levels: list[Metrics]   # one per level, in level order ("level N", or "no level")
+    overall: Metrics
+
+
+def geomean(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    if not xs or any(x <= 0 or not math.isfinite(x) for x in xs):
+        return None
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def fast_p_key(p: float) -> str:
+    return f"fast_{p:g}"
+
+
+def metrics(outcomes: Sequence[Outcome], label: str = "overall") -> Metrics:
+    n = len(outcomes)
+    correct = [o for o in outcomes if o.correct]
+    with_compile = any(o.has_compile_baseline for o in outcomes)
+
+    def rate(count: int) -> float:
+        return count / n if n else 0.0
+
+    def speed(o: Outcome, attr: str) -> float:
+        s = getattr(o, attr)
+        return s if (o.correct and s is not None and s > 0) else FAILURE_SPEEDUP
+
+    eager_ok = [o.speedup_vs_eager for o in correct if o.speedup_vs_eager]
+    compile_ok = [o.speedup_vs_compile for o in correct if o.speedup_vs_compile]
+    return Metrics(
+        label=label, n=n, n_correct=len(correct), pass_rate=rate(len(correct)),
+        faster_than_eager_rate=rate(sum((o.speedup_vs_eager or 0) > 1.0 for o in correct)),
+        faster_than_compile_rate=rate(sum((o.speedup_vs_compile or 0) > 1.0 for o in correct)) if with_compile else None,
+        geomean_speedup_vs_eager=geomean(speed(o, "speedup_vs_eager") for o in outcomes) if n else None,
+        geomean_speedup_vs_compile=(geomean(speed(o, "speedup_vs_compile") for o in outcomes)
+                                    if n and with_compile else None),
+        geomean_speedup_vs_eager_correct=geomean(eager_ok),
+        geomean_speedup_vs_compile_correct=geomean(compile_ok) if with_compile else None,
+        fast_p={fast_p_key(p): rate(sum(o.correct and (o.speedup_vs_eager or 0) > p for o in outcomes))
+                for p in FAST_P},
+    )
+
+
+def level_label(level: int | None) -> str:
+    return f"level {level}" if level is not None else "no level"
+
+
+def metrics_table(outcomes: Sequence[Outcome]) -> MetricsTable:
+    """Table 1: one row per level (in order; tasks without a level last) and the overall row."""
+    levels = sorted({o.level for o in outcomes}, key=lambda lv: (lv is None, lv or 0))
+    return MetricsTable(
+        levels=[metrics([o for o in outcomes if o.level == lv], level_label(lv)) for lv in levels],
+        overall=metrics(outcomes, "overall"))

@@ -1,0 +1,192 @@
+"""How the pool reaches its workers: one small interface, local processes by default.
+
+The pool's scheduler (pool.py) decides what runs where and when a worker is given up on; a
+`Transport` only starts workers and carries messages. Everything that crosses it is one of the
+typed records below, so another transport (Ray actors on a cluster: `start` creates an actor,
+`send`/`poll` wrap its method calls and object refs, `kill` is `ray.kill`) can replace
+`LocalTransport` without the scheduler changing.
+
+Messages travel between trusted processes only (the pool and the processes running the judge or
+the builder); candidate code never sees this channel.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cuda_agent.candidate import Candidate
+from cuda_agent.judge.config import JudgeConfig
+from cuda_agent.judge.verdict import Verdict
+from cuda_agent.tasks import Task
+
+
+class WorkerSpec(BaseModel):
+    """What a worker process is: its role, its slot, its judge settings and environment."""
+
+    model_config = ConfigDict(frozen=True)
+    role: Literal["judge", "compile"]
+    slot: int
+    config: JudgeConfig
+    env: dict[str, str] = Field(default_factory=dict)   # set before anything touches CUDA
+    baseline_db: Path | None = None                     # results database holding baselines (None: files)
+    build_uid: int | None = None                        # compile workers: uid of their sandboxed builds
+    build_jobs: int | None = None                       # compile workers: parallel compiler jobs per build
+    judge_factory: str = "cuda_agent.judge:Judge"      # module:callable(config, baseline_store) -> Judge
+    parent_pid: int = 0
+
+
+# --- messages, pool -> worker ----------------------------------------------------------------------
+
+class JudgeRequest(BaseModel):
+    job_id: int
+    task: Task
+    candidate: Candidate
+
+
+class CompileRequest(BaseModel):
+    job_id: int
+    candidate: Candidate
+    archs: list[str | None]     # build for each (the judge workers' GPU architectures)
+
+
+class Stop(BaseModel):
+    pass
+
+
+# --- messages, worker -> pool ----------------------------------------------------------------------
+
+class Hello(BaseModel):
+    """A worker is ready. Judge workers say which device they judge on."""
+
+    pid: int
+    device_name: str = ""
+    arch: str | None = None
+
+
+class StartupFailed(BaseModel):
+    message: str
+
+
+class JudgeReply(BaseModel):
+    job_id: int
+    verdict: Verdict | None = None
+    judge_error: str | None = None    # the judge could not work on this task (JudgeError)
+
+
+class PrebuildReport(BaseModel):
+    job_id: int
+    specs: int = 0
+    built: int = 0          # compiled here
+    cached: int = 0         # already in the cache
+    failed: int = 0         # the compiler failed (the judge will report it)
+    seconds: float = 0.0
+    skipped: list[str] = Field(default_factory=list)
+
+
+class WorkerHandle(Protocol):
+    """One started worker. `poll` returns the next message, or None if none arrived in time."""
+
+    spec: WorkerSpec
+
+    def send(self, message: BaseModel) -> None: ...
+
+    def poll(self, timeout: float = 0.0) -> BaseModel | None: ...
+
+    def alive(self) -> bool: ...
+
+    def exit_description(self) -> str: ...
+
+    def kill(self) -> None: ...
+
+
+class Transport(Protocol):
+    def start(self, spec: WorkerSpec) -> WorkerHandle: ...
+
+    def wait(self, handles: list[WorkerHandle], timeout: float) -> None:
+        """Return when one of `handles` has a message or has died, or after `timeout` seconds."""
+        ...
+
+
+class WorkerGone(Exception):
+    """The worker's channel closed (it died or exited)."""
+
+
+class _LocalHandle:
+    def __init__(self, spec: WorkerSpec, proc, conn):
+        self.spec = spec
+        self.proc = proc
+        self.conn = conn
+
+    def send(self, message: BaseModel) -> None:
+        try:
+            self.conn.send(message)
+        except (OSError, EOFError, ValueError):
+            raise WorkerGone(self.exit_description()) from None
+
+    def poll(self, timeout: float = 0.0) -> BaseModel | None:
+        try:
+            if not self.conn.poll(timeout):
+                return None
+            return self.conn.recv()
+        except (OSError, EOFError, ValueError):
+            raise WorkerGone(self.exit_description()) from None
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def exit_description(self) -> str:
+        code = self.proc.exitcode
+        if code is None:
+            return "still running"
+        if code < 0:
+            import signal
+
+            try:
+                return f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        # A process stuck in the GPU driver may not die at once; do not wait for it forever.
+        self.proc.join(timeout=10)
+        self.conn.close()
+
+
+class LocalTransport:
+    """Workers as local processes started with `spawn` (a clean interpreter: no CUDA state or
+    threads inherited from the pool's process)."""
+
+    def __init__(self):
+        self.ctx = multiprocessing.get_context("spawn")
+
+    def start(self, spec: WorkerSpec) -> _LocalHandle:
+        from .workers import worker_main
+
+        ours, theirs = self.ctx.Pipe(duplex=True)
+        spec = spec.model_copy(update={"parent_pid": os.getpid()})
+        proc = self.ctx.Process(target=worker_main, args=(spec, theirs), daemon=True,
+                                name=f"cuda-agent-{spec.role}-{spec.slot}")
+        proc.start()
+        theirs.close()
+        return _LocalHandle(spec, proc, ours)
+
+    def wait(self, handles: list[_LocalHandle], timeout: float) -> None:
+        objs = []
+        for h in handles:
+            if not h.conn.closed:
+                objs += [h.conn, h.proc.sentinel]
+        if objs:
+            multiprocessing.connection.wait(objs, timeout)
+        elif timeout > 0:
+            import time
+
+            time.sleep(timeout)

@@ -1,0 +1,153 @@
+"""The two kinds of worker process: a judge worker (one per GPU, owns a `Judge`) and a compile
+worker (builds candidates ahead into the judge's build cache).
+
+Both are trusted processes: they run the judge's code, never the candidate's; candidate code runs
+only in the sandboxed processes the judge and the builder start. A worker serves one request at a
+time and dies with the pool (PR_SET_PDEATHSIG), so a pool killed with SIGKILL leaves no worker
+holding a GPU. Ctrl-C is the pool's to handle: workers ignore SIGINT.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import signal
+import time
+import traceback
+
+from .transport import CompileRequest, Hello, JudgeReply, JudgeRequest, PrebuildReport, StartupFailed, Stop, WorkerSpec
+
+PR_SET_PDEATHSIG = 1
+
+
+def _tie_to_parent(parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent_pid and os.getppid() != parent_pid:  # the pool died before the line above took effect
+        os._exit(0)
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    _tie_to_parent(spec.parent_pid)
+    # Before anything imports torch's CUDA state: which GPU this worker owns.
+    os.environ.update(spec.env)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        server = _JudgeServer(spec) if spec.role == "judge" else _CompileServer(spec)
+    except Exception as exc:  # e.g. no CUDA device: the pool cannot use this worker at all
+        conn.send(StartupFailed(message=f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(server.hello())
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:  # the pool closed the channel
+                break
+            if isinstance(message, Stop):
+                break
+            conn.send(server.handle(message))
+    finally:
+        server.close()
+
+
+class _JudgeServer:
+    def __init__(self, spec: WorkerSpec):
+        module, _, attr = spec.judge_factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+        self.store = None
+        if spec.baseline_db is not None:
+            from cuda_agent.db import SqliteBaselineStore
+
+            self.store = SqliteBaselineStore(spec.baseline_db)
+        self.judge = factory(spec.config, self.store)
+
+    def hello(self) -> Hello:
+        return Hello(pid=os.getpid(), device_name=str(getattr(self.judge, "device_name", "")),
+                     arch=getattr(self.judge, "arch", None))
+
+    def handle(self, request: JudgeRequest) -> JudgeReply:
+        from cuda_agent.judge import JudgeError
+
+        try:
+            return JudgeReply(job_id=request.job_id, verdict=self.judge.evaluate(request.task, request.candidate))
+        except JudgeError as exc:
+            return JudgeReply(job_id=request.job_id, judge_error=str(exc))
+        except Exception as exc:  # a bug of the judge: said as such, never blamed on the candidate
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]
+            return JudgeReply(job_id=request.job_id, judge_error=f"the judge raised {type(exc).__name__}: {text}")
+
+    def close(self) -> None:
+        self.judge.close()
+        if self.store is not None:
+            self.store.close()
+
+
+class _CompileServer:
+    """Builds with the judge's own `Builder`, cache folder and work root, so its output is the
+    judge's cache hit. Builds run sandboxed under this worker's own uid (when root): a builder's
+    clean-up kills every process of its uid, so two builders never share one."""
+
+    def __init__(self, spec: WorkerSpec):
+        from cuda_agent.judge.harness import _work_root
+
+        self.spec = spec
+        self.config = spec.config
+        self.work_root = _work_root()
+        self.builders: dict = {}
+        self._zygote = None
+
+    def hello(self) -> Hello:
+        return Hello(pid=os.getpid())
+
+    def _get_zygote(self):
+        from cuda_agent.judge.sandbox import Zygote
+
+        # The judge's rule: a zygote by default on the CPU backend only.
+        use = self.config.use_zygote if self.config.use_zygote is not None else self.config.device == "cpu"
+        if not use:
+            return None
+        if self._zygote is None or self._zygote.proc.poll() is not None:
+            self._zygote = Zygote(env={"OMP_WAIT_POLICY": "PASSIVE"} if self.config.device == "cpu" else {})
+        return self._zygote
+
+    def _builder(self, arch: str | None):
+        from cuda_agent.judge.build import Builder
+
+        if arch not in self.builders:
+            self.builders[arch] = Builder(self.config.cache_dir, self.work_root, arch=arch,
+                                          timeout_s=self.config.build_timeout_s, uid=self.spec.build_uid,
+                                          jobs=self.spec.build_jobs,
+                                          zygote=self._get_zygote)
+        return self.builders[arch]
+
+    def handle(self, request: CompileRequest) -> PrebuildReport:
+        from cuda_agent.judge.build import BuildError
+
+        from .prebuild import plan_prebuild
+
+        t0 = time.monotonic()
+        plan = plan_prebuild(request.candidate, self.config.device, self.config.policy)
+        report = PrebuildReport(job_id=request.job_id, specs=len(plan.specs), skipped=plan.skipped)
+        for arch in request.archs:
+            builder = self._builder(arch)
+            for spec in plan.specs:
+                if builder.lookup(spec) is not None:
+                    report.cached += 1
+                    continue
+                try:
+                    result = builder.build(spec)
+                except BuildError:
+                    report.failed += 1  # the judge builds it again and reports the error in its verdict
+                    continue
+                if result.cached:
+                    report.cached += 1
+                else:
+                    report.built += 1
+        report.seconds = time.monotonic() - t0
+        return report
+
+    def close(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()

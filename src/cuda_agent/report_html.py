@@ -1,0 +1,254 @@
+"""One self-contained HTML file per run (or per pair of runs), from the results database.
+
+Contents: the run's settings, CUDA Agent's Table 1 per level with KernelBench's fast_p, plots of
+the speed-up distribution and of fast_p over p (SVG made by matplotlib, embedded as data URIs), a
+row per task (verdict, times, speed-ups, reward, and the solution's source inline, collapsible),
+and, for two runs, the metrics side by side, a per-task comparison and a scatter of speed-ups.
+Nothing is fetched when the file is opened: no scripts, fonts or images from elsewhere. The small
+inline script only sorts and filters tables.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from cuda_agent.db import ResultsDB, RunInfo, StoredVerdict
+from cuda_agent.metrics import FAST_P, GEOMEAN_NOTE, MetricsTable, Outcome, fast_p_key, metrics_table
+
+TEMPLATE = "report.html.j2"
+
+
+class TaskRow(BaseModel):
+    task_id: str
+    name: str
+    level: int | None
+    status: str                  # "correct" or the failure category
+    correct: bool
+    runtime_ms: float | None
+    eager_ms: float | None
+    compile_ms: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+    reward: float
+    reward_reason: str
+    build_s: float | None
+    judge_s: float | None
+    message: str
+    notes: list[str]
+    candidate_hash: str
+    origin: str
+    sources: list[tuple[str, str]]   # (file name, text) of the solution
+
+
+class RunView(BaseModel):
+    info: RunInfo
+    device_names: list[str]
+    rows: list[TaskRow]
+    table: MetricsTable
+    n_missing: int
+    failures: dict[str, int]
+
+
+class CompareRow(BaseModel):
+    name: str
+    level: int | None
+    a: TaskRow | None
+    b: TaskRow | None
+    ratio: float | None          # B's speed-up vs eager / A's, when both are correct
+
+
+def load_run(db: ResultsDB, name: str, *, count_missing: bool = False) -> RunView:
+    info = db.run(name)
+    if info is None:
+        known = ", ".join(r.name for r, _ in db.runs()) or "none"
+        raise KeyError(f"no run named {name!r} in {db.path} (runs: {known})")
+    stored = db.verdicts(name)
+    stored.sort(key=lambda v: (v.level is None, v.level or 0, _natural(v.task_name)))
+    rows = [_row(db, v) for v in stored]
+    missing = info.info.get("missing") or []
+    outcomes = [Outcome.of(v.verdict, v.level) for v in stored]
+    if count_missing:
+        outcomes += [Outcome.missing(m.get("level")) for m in missing]
+    failures: dict[str, int] = {}
+    for r in rows:
+        if not r.correct:
+            failures[r.status] = failures.get(r.status, 0) + 1
+    return RunView(info=info, device_names=sorted({v.verdict.device_name for v in stored if v.verdict.device_name}),
+                   rows=rows, table=metrics_table(outcomes), n_missing=len(missing), failures=failures)
+
+
+def _natural(name: str) -> tuple:
+    head = name.split("_", 1)[0]
+    return (int(head), name) if head.isdigit() else (1 << 30, name)
+
+
+def _row(db: ResultsDB, sv: StoredVerdict) -> TaskRow:
+    v = sv.verdict
+    cand = db.candidate(sv.candidate_hash)
+    sources: list[tuple[str, str]] = []
+    origin = ""
+    if cand is not None:
+        origin = cand.origin
+        sources.append(("model_new.py" if cand.kind == "workspace" else Path(cand.origin).name or "solution.py",
+                        cand.model_new))
+        sources += [(f"kernels/{rel}", src) for rel, src in cand.kernels]
+    return TaskRow(task_id=sv.task_id, name=sv.task_name, level=sv.level,
+                   status="correct" if v.correct else (v.failure.category.value if v.failure else "incorrect"),
+                   correct=v.correct, runtime_ms=v.runtime_ms, eager_ms=v.eager_ms, compile_ms=v.compile_ms,
+                   speedup_vs_eager=v.speedup_vs_eager, speedup_vs_compile=v.speedup_vs_compile, reward=v.reward,
+                   reward_reason=v.reward_reason, build_s=v.build_s, judge_s=v.judge_s,
+                   message=v.failure.message if v.failure else "", notes=v.task_warnings + v.notes,
+                   candidate_hash=sv.candidate_hash, origin=origin, sources=sources)
+
+
+# ------------------------------------------------------------------------------------------ plots
+def _svg_uri(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "cuda-agent"  # identical input, identical file
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def speedup_histogram(views: list[RunView]) -> str:
+    """Distribution of speed-ups of correct tasks (log scale), vs eager and vs torch.compile."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
+    for ax, attr, title in ((axes[0], "speedup_vs_eager", "vs eager"), (axes[1], "speedup_vs_compile", "vs torch.compile")):
+        series = [(view.info.name, [getattr(r, attr) for r in view.rows if getattr(r, attr)]) for view in views]
+        values = [x for _, xs in series for x in xs]
+        if values:
+            # Edges a little beyond the extremes: rounding must not drop the largest value.
+            lo, hi = min(min(values), 0.5) / 1.05, max(max(values), 2.0) * 1.05
+            bins = [2 ** (math.log2(lo) + i * (math.log2(hi) - math.log2(lo)) / 20) for i in range(21)]
+            ax.hist([xs for _, xs in series], bins=bins, label=[n for n, _ in series], alpha=0.85)
+            ax.set_xscale("log", base=2)
+        else:
+            ax.text(0.5, 0.5, "no correct task with this baseline", ha="center", va="center", transform=ax.transAxes)
+        ax.axvline(1.0, color="black", lw=1, ls="--")
+        ax.set_title(f"speed-up {title} (correct tasks)")
+        ax.set_xlabel("speed-up (x, log scale)")
+    axes[0].set_ylabel("tasks")
+    if len(views) > 1:
+        axes[0].legend(fontsize=8)
+    return _svg_uri(fig)
+
+
+def fast_p_curve(views: list[RunView]) -> str:
+    """fast_p as a function of p: the fraction of tasks correct and more than p times faster than eager."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ps = [i / 20 for i in range(0, 81)]
+    for view in views:
+        n = view.table.overall.n or 1
+        speeds = [r.speedup_vs_eager or 0 for r in view.rows if r.correct]
+        ax.plot(ps, [sum(s > p for s in speeds) / n for p in ps], label=view.info.name)
+    for p in FAST_P:
+        ax.axvline(p, color="grey", lw=0.5, ls=":")
+    ax.set_xlabel("p (speed-up vs eager)")
+    ax.set_ylabel("fast_p")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
+    return _svg_uri(fig)
+
+
+def compare_scatter(a: RunView, b: RunView) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.6, 4.2))
+    rows_b = {r.name: r for r in b.rows}
+    pairs = [(r.speedup_vs_eager, rows_b[r.name].speedup_vs_eager) for r in a.rows
+             if r.name in rows_b and r.speedup_vs_eager and rows_b[r.name].speedup_vs_eager]
+    if pairs:
+        xs, ys = zip(*pairs)
+        ax.scatter(xs, ys, s=18)
+        lo, hi = min(xs + ys + (1.0,)) / 1.2, max(xs + ys + (1.0,)) * 1.2
+        ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+    else:
+        ax.text(0.5, 0.5, "no task correct in both runs", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(f"{a.info.name}: speed-up vs eager")
+    ax.set_ylabel(f"{b.info.name}: speed-up vs eager")
+    return _svg_uri(fig)
+
+
+# ----------------------------------------------------------------------------------------- render
+def compare_rows(a: RunView, b: RunView) -> list[CompareRow]:
+    rows_a = {r.name: r for r in a.rows}
+    rows_b = {r.name: r for r in b.rows}
+    names = list(rows_a) + [n for n in rows_b if n not in rows_a]
+    out = []
+    for n in names:
+        ra, rb = rows_a.get(n), rows_b.get(n)
+        ratio = None
+        if ra and rb and ra.speedup_vs_eager and rb.speedup_vs_eager:
+            ratio = rb.speedup_vs_eager / ra.speedup_vs_eager
+        out.append(CompareRow(name=n, level=(ra or rb).level, a=ra, b=rb, ratio=ratio))
+    out.sort(key=lambda r: (r.level is None, r.level or 0, _natural(r.name)))
+    return out
+
+
+def _fmt_ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _fmt_x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _fmt_pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def render_report(db: ResultsDB, runs: list[str], *, count_missing: bool = False) -> str:
+    import jinja2
+
+    if not 1 <= len(runs) <= 2:
+        raise ValueError("a report covers one run, or two to compare")
+    views = [load_run(db, r, count_missing=count_missing) for r in runs]
+    env = jinja2.Environment(loader=jinja2.PackageLoader("cuda_agent", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+    env.filters.update(ms=_fmt_ms, x=_fmt_x, pct=_fmt_pct, s=_fmt_s,
+                       date=lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)))
+    counted = ("tasks without a solution count as failures" if count_missing
+               else "tasks without a solution are not counted")
+    return env.get_template(TEMPLATE).render(
+        views=views, compare=compare_rows(views[0], views[1]) if len(views) == 2 else None,
+        plots={"hist": speedup_histogram(views), "fastp": fast_p_curve(views),
+               "scatter": compare_scatter(views[0], views[1]) if len(views) == 2 else None},
+        fast_p=[fast_p_key(p) for p in FAST_P], footnote=f"Rates are over the tasks counted; {counted}. "
+        f"{GEOMEAN_NOTE}; 'correct only' is the geomean over correct tasks alone. fast_p: correct and "
+        "speed-up vs eager > p (KernelBench).",
+        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), db=str(db.path),
+        settings={v.info.name: json.dumps(v.info.info.get("config", {}), indent=1) for v in views})
+
+
+def write_report(db_path: Path, runs: list[str], out: Path, *, count_missing: bool = False) -> Path:
+    with ResultsDB(db_path) as db:
+        text = render_report(db, runs, count_missing=count_missing)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out
