@@ -101,13 +101,15 @@ def test_bench_cli_runs_the_cpu_suite(suite_cache, tmp_path):
     import subprocess
     import sys
 
-    out = tmp_path / "verdicts.jsonl"
+    out, report = tmp_path / "verdicts.jsonl", tmp_path / "report.html"
     res = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "bench", "suite", "--device", "cpu", "--level", "1",
                           "--compile-mode", "none", "-c", "n_timed=5", "-c", f"cache_dir={json.dumps(str(suite_cache))}",
-                          "--out", str(out)], capture_output=True, text=True, timeout=1800)
+                          "--out", str(out), "--report", str(report)], capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "pass rate" in res.stdout and "geomean" in res.stdout
+    assert "pass rate" in res.stdout and "geomean" in res.stdout and "fast_1.5" in res.stdout
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     expected = {n for n in CPU_SOLUTIONS if next(t for t in CPU_TASKS if t.name == n).level == 1}
     assert {r["task_name"] for r in rows} == expected
     assert all(r["correct"] and r["reward"] >= 1 for r in rows), [(r["task_name"], r["failure"]) for r in rows]
+    assert report.read_text().count('<tr data-task="') == len(expected)
+    assert (suite_cache / "results.sqlite").exists(), "verdicts go to the results database in the cache folder"

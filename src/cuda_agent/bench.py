@@ -121,6 +121,8 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
               pool_config=None, report: Path | None = None, count_missing: bool = False) -> BenchResult:
     from cuda_agent.pool import Pool, PoolConfig, PoolError
 
+    if not console.is_terminal and console.width < 160:
+        console.width = 160  # a redirected run is read in a file or a log: do not cut columns to 80
     plan = plan_bench(spec, solutions, config.device, levels)
     db_path = Path(db_path) if db_path else default_db_path(config.cache_dir)
     db = ResultsDB(db_path)
@@ -139,7 +141,8 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
         console.print(f"run [bold]{run_name}[/bold] in {db_path}: {len(plan.items)} of {len(plan.tasks)} tasks "
                       f"have a solution" + (f", {already} already judged" if already else "")
                       + f"; judging {len(todo)} on {config.device}"
-                      + ("" if created else " (resumed)") + f"  [dim](resume with --run {run_name})[/dim]")
+                      + ("" if created else " (resumed)") + f"  [dim](resume with --run {run_name})[/dim]",
+                      soft_wrap=True)
         for name, why in plan.unreadable.items():
             console.print(f"[red]{name}: {why}[/red]")
         errors: dict[str, str] = {}
@@ -154,8 +157,6 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
     order = {t.id: i for i, t in enumerate(plan.tasks)}
     verdicts.sort(key=lambda v: order.get(v.task_id, len(order)))
     table = metrics_table(outcomes_of(verdicts, plan.missing if count_missing else []))
-    if not console.is_terminal and console.width < 160:
-        console.width = 160  # a redirected run is read in a file or a log: do not cut columns to 80
     console.print(verdict_table(verdicts, f"{run_name}: {plan.spec} on {config.device}"))
     for t in metrics_tables(table, count_missing=count_missing, n_missing=len(plan.missing)):
         console.print(t)

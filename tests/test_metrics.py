@@ -1,0 +1,72 @@
+"""Table 1 and fast_p as pure functions, checked against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cuda_agent.metrics import FAST_P, Outcome, geomean, metrics, metrics_table
+
+
+def ok(level, eager, compile_=None):
+    return Outcome(level=level, correct=True, speedup_vs_eager=eager, speedup_vs_compile=compile_,
+                   has_compile_baseline=compile_ is not None)
+
+
+def failed(level, with_compile=True):
+    return Outcome(level=level, correct=False, has_compile_baseline=with_compile)
+
+
+OUTCOMES = [ok(1, 2.0, 1.5), ok(1, 0.5, 0.4), failed(1), ok(2, 4.0, 1.0)]
+
+
+def test_table_per_level_and_overall():
+    table = metrics_table(OUTCOMES)
+    l1, l2 = table.levels
+    assert (l1.label, l1.n, l1.n_correct) == ("level 1", 3, 2)
+    assert l1.pass_rate == pytest.approx(2 / 3)
+    assert l1.faster_than_eager_rate == pytest.approx(1 / 3)
+    assert l1.faster_than_compile_rate == pytest.approx(1 / 3)
+    # failures enter the geomean as 1.0: (2.0 * 0.5 * 1.0) ** (1/3) = 1.0
+    assert l1.geomean_speedup_vs_eager == pytest.approx(1.0)
+    assert l1.geomean_speedup_vs_compile == pytest.approx((1.5 * 0.4) ** (1 / 3))
+    assert l1.geomean_speedup_vs_eager_correct == pytest.approx(1.0)
+    assert l1.geomean_speedup_vs_compile_correct == pytest.approx(math.sqrt(0.6))
+    # a speed-up of exactly 1.0 is not "faster"
+    assert l2.faster_than_compile_rate == 0.0 and l2.faster_than_eager_rate == 1.0
+    overall = table.overall
+    assert overall.n == 4 and overall.pass_rate == 0.75
+    assert overall.geomean_speedup_vs_eager == pytest.approx((2.0 * 0.5 * 1.0 * 4.0) ** 0.25)
+
+
+def test_fast_p_follows_kernelbench():
+    m = metrics(OUTCOMES)
+    assert set(m.fast_p) == {f"fast_{p:g}" for p in FAST_P}
+    assert m.fast_p["fast_0"] == m.pass_rate == 0.75          # correct at all
+    assert m.fast_p["fast_0.5"] == 0.5                          # 2.0 and 4.0 (0.5 is not > 0.5)
+    assert m.fast_p["fast_1"] == 0.5
+    assert m.fast_p["fast_2"] == 0.25                           # only 4.0 (2.0 is not > 2.0)
+
+
+def test_without_a_compile_baseline_the_compile_columns_are_absent():
+    m = metrics([ok(1, 2.0), failed(1, with_compile=False)])
+    assert m.faster_than_compile_rate is None and m.geomean_speedup_vs_compile is None
+    assert m.geomean_speedup_vs_eager == pytest.approx(math.sqrt(2.0))
+
+
+def test_missing_solutions_count_as_failures_when_asked():
+    with_missing = metrics([ok(1, 2.0, 2.0), Outcome.missing(1)])
+    assert with_missing.pass_rate == 0.5 and with_missing.geomean_speedup_vs_eager == pytest.approx(math.sqrt(2))
+
+
+def test_tasks_without_a_level_come_last_and_empty_input_is_zero():
+    table = metrics_table([ok(None, 1.5), ok(3, 1.2)])
+    assert [m.label for m in table.levels] == ["level 3", "no level"]
+    empty = metrics([])
+    assert empty.n == 0 and empty.pass_rate == 0.0 and empty.geomean_speedup_vs_eager is None
+
+
+def test_geomean_refuses_non_positive_values():
+    assert geomean([4.0, 1.0]) == pytest.approx(2.0)
+    assert geomean([]) is None and geomean([1.0, 0.0]) is None

@@ -1,0 +1,193 @@
+"""The pool: concurrency, back-pressure, time limits, replacement of dead or wedged workers, and the
+real judge through it (CPU backend). Scheduling tests use scripted judges (tests/pool_fakes.py) in
+real worker processes, so deaths and hangs are real."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from concurrent.futures import wait
+
+import pytest
+
+from cuda_agent.candidate import Candidate
+from cuda_agent.judge import JudgeConfig, JudgeError
+from cuda_agent.judge.verdict import FailureCategory
+from cuda_agent.pool import Pool, PoolConfig, PoolError, PoolFull
+from cuda_agent.tasks import Task
+
+TASK = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * {scale}
+
+def get_inputs():
+    return [torch.randn(4096)]
+
+def get_init_inputs():
+    return []
+'''
+
+SCRIPTED = "pool_fakes:ScriptedJudge"
+
+
+def task(i: int = 0) -> Task:
+    return Task.from_source(TASK.format(scale=f"{i + 2}.0"), name=f"relu_x{i + 2}", level=1)
+
+
+def scripted(*lines: str, tag: str = "") -> Candidate:
+    return Candidate.from_source("class ModelNew:\n    pass\n" + "".join(f"# {ln}\n" for ln in lines) + f"# tag: {tag}\n")
+
+
+@pytest.fixture
+def config(tmp_path) -> JudgeConfig:
+    return JudgeConfig(device="cpu", compile_mode="none", cache_dir=tmp_path / "cache")
+
+
+def scripted_pool(config, **kw) -> Pool:
+    return Pool(config, PoolConfig(judge_factory=SCRIPTED, compile_workers=0, **kw))
+
+
+def test_judge_workers_run_in_parallel_and_verdicts_come_back(config):
+    with scripted_pool(config, judge_workers=2) as pool:
+        pool.wait_ready(120)
+        # Two tasks, two candidates each: each task's first candidate runs alone, then both run.
+        t0 = time.monotonic()
+        futures = [pool.submit(task(i % 2), scripted("sleep: 1.0", "runtime: 0.5", tag=str(i))) for i in range(4)]
+        verdicts = [f.result(timeout=120) for f in futures]
+        elapsed = time.monotonic() - t0
+    assert all(v.correct and v.speedup_vs_eager == pytest.approx(4.0) for v in verdicts)
+    assert len({v.phase_s["pid"] for v in verdicts}) == 2, "both workers judged"
+    assert elapsed < 3.5, f"4 x 1 s on 2 workers took {elapsed:.1f} s"
+    assert all("pool_queue" in v.phase_s for v in verdicts)
+
+
+def test_a_tasks_first_candidate_runs_alone(config):
+    """The first candidate of a task measures its baselines; the others wait for it, then share them."""
+    with scripted_pool(config, judge_workers=2) as pool:
+        pool.wait_ready(120)
+        futures = [pool.submit(task(0), scripted("sleep: 0.5", tag=str(i))) for i in range(3)]
+        first, *rest = [f.result(timeout=120) for f in futures]
+    assert all(v.phase_s["started_at"] >= first.phase_s["ended_at"] for v in rest)
+    assert abs(rest[0].phase_s["started_at"] - rest[1].phase_s["started_at"]) < 0.4, "the rest ran together"
+
+
+def test_submit_blocks_when_the_queue_is_full(config):
+    with scripted_pool(config, judge_workers=1, max_queue=1) as pool:
+        pool.wait_ready(120)
+        running = pool.submit(task(0), scripted("sleep: 1.5", tag="a"))
+        deadline = time.monotonic() + 10
+        while not running.running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        queued = pool.submit(task(0), scripted(tag="b"))      # fills the queue
+        with pytest.raises(PoolFull):
+            pool.submit(task(0), scripted(tag="c"), timeout=0.3)
+        t0 = time.monotonic()
+        third = pool.submit(task(0), scripted(tag="c"))       # waits for room, then goes in
+        assert time.monotonic() - t0 > 0.5
+        assert all(f.result(timeout=60).correct for f in (running, queued, third))
+
+
+def test_a_wedged_worker_is_replaced_and_the_candidate_times_out(config):
+    with scripted_pool(config, judge_workers=1, time_limit_s=1.5, baseline_allowance_s=0) as pool:
+        pool.wait_ready(120)
+        hung = pool.submit(task(0), scripted("hang"))
+        after = pool.submit(task(0), scripted(tag="after"))
+        v = hung.result(timeout=120)
+        assert not v.correct and v.failure.category == FailureCategory.TIMEOUT and v.reward == -1
+        assert "time limit" in v.failure.message
+        w = after.result(timeout=120)
+        assert w.correct, "the replacement worker judges the next candidate"
+        stats = pool.stats()
+    assert stats.timeouts == 1 and stats.worker_starts == 2
+
+
+def test_a_worker_that_dies_is_replaced_and_the_candidate_retried(config, tmp_path):
+    with scripted_pool(config, judge_workers=1) as pool:
+        pool.wait_ready(120)
+        once = pool.submit(task(0), scripted(f"die-once: {tmp_path / 'died'}"))
+        always = pool.submit(task(1), scripted("die"))
+        v_once, v_always = once.result(timeout=180), always.result(timeout=180)
+        stats = pool.stats()
+    assert v_once.correct, "a death that does not repeat is not the candidate's"
+    assert not v_always.correct and v_always.failure.category == FailureCategory.CRASH
+    assert "killed by signal SIGKILL" in v_always.failure.message
+    assert stats.retries == 2 and stats.worker_deaths == 3
+
+
+def test_judge_errors_reach_the_future(config):
+    with scripted_pool(config, judge_workers=1) as pool:
+        bad = pool.submit(task(0), scripted("judge-error"))
+        good = pool.submit(task(1), scripted())
+        with pytest.raises(JudgeError, match="reference does not import"):
+            bad.result(timeout=120)
+        assert good.result(timeout=120).correct
+
+
+def test_a_judge_that_cannot_start_breaks_the_pool(config):
+    pool = Pool(config, PoolConfig(judge_factory="pool_fakes:BrokenJudge", compile_workers=0))
+    try:
+        with pytest.raises(PoolError, match="CUDA is not available"):
+            pool.wait_ready(180)
+        with pytest.raises(PoolError):
+            pool.submit(task(0), scripted())
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_without_waiting_cancels_and_fails_what_is_left(config):
+    pool = scripted_pool(config, judge_workers=1)
+    pool.wait_ready(120)
+    running = pool.submit(task(0), scripted("sleep: 30"))
+    waiting = pool.submit(task(1), scripted())
+    deadline = time.monotonic() + 10
+    while not running.running() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    pool.shutdown(wait=False)
+    assert time.monotonic() - t0 < 15
+    assert waiting.cancelled()
+    with pytest.raises(PoolError):
+        running.result(timeout=1)
+
+
+def test_cuda_without_a_gpu_is_a_judge_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(JudgeError, match="no GPU"):
+        Pool(JudgeConfig(device="cuda", cache_dir=tmp_path), PoolConfig(judge_factory=SCRIPTED))
+
+
+LENIENT_SOLUTION = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * {scale}
+'''
+
+
+@pytest.mark.slow
+def test_real_judge_through_the_pool_keeps_baselines_in_the_database(tmp_path):
+    """The real judge in a worker: verdicts come back, baselines land in SQLite, and a second pool
+    (a later run) takes them from there instead of measuring again."""
+    db = tmp_path / "results.sqlite"
+    cfg = JudgeConfig(device="cpu", policy="lenient", compile_mode="none", n_timed=3, cache_dir=tmp_path / "cache")
+    tasks = [task(0), task(1)]
+    cands = [Candidate.from_source(LENIENT_SOLUTION.format(scale=f"{i + 2}.0")) for i in range(2)]
+    wrong = Candidate.from_source(LENIENT_SOLUTION.format(scale="9.0"))
+    with Pool(cfg, PoolConfig(baseline_db=db, compile_workers=0)) as pool:
+        futures = [pool.submit(t, c) for t, c in zip(tasks, cands)] + [pool.submit(tasks[0], wrong)]
+        wait(futures, timeout=600)
+        first = [f.result() for f in futures]
+    assert first[0].correct and first[1].correct, [v.summary() for v in first]
+    assert not first[2].correct and first[2].failure.category == FailureCategory.MISMATCH
+    with sqlite3.connect(db) as conn:
+        modes = sorted(m for (m,) in conn.execute("SELECT mode FROM baselines"))
+    assert modes == ["eager", "eager", "null", "null"]
+    with Pool(cfg, PoolConfig(baseline_db=db, compile_workers=0)) as pool:
+        again = pool.submit(tasks[0], cands[0]).result(timeout=600)
+    assert again.correct and again.eager == first[0].eager, "the stored eager baseline was reused"
