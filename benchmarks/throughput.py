@@ -1,0 +1,192 @@
+"""Judged candidates per GPU-hour through the pool, and where the time goes.
+
+The workload an RL run puts on the judge: many distinct candidates for L1-size tasks whose
+baselines are already known. Every candidate is one of the suite's level-1 solutions with a unique
+comment added to its C++/CUDA sources (and to the module), so each one is a build-cache miss and
+its compile is real; the tasks' eager and torch.compile baselines are warm (measured while priming,
+before the clock starts, and kept in the results database).
+
+    1. one pool (judge workers: one per GPU, or --workers on the CPU backend; compile workers:
+       the spare cores, or --compile-workers), a fresh cache folder and results database;
+    2. priming: each chosen task is judged once with its unmodified solution (baselines measured,
+       original builds cached, workers warm). Not counted;
+    3. measuring: N distinct candidates, round-robin over the tasks, submitted as fast as the
+       pool's back-pressure allows; the clock runs from the first submit to the last verdict.
+
+Reported: candidates per hour per judge worker ("per GPU-hour" on CUDA), how many were correct and
+how many had been built ahead by a compile worker, and the mean seconds per candidate in each
+phase: waiting in the queue, compiling on a compile worker (`prebuild`), the judge's build step
+(a cache look-up when the prebuild finished, else waiting for it or compiling), loading (`start`:
+process start and ModelNew construction), the calls (verification and profiling are one phase:
+every timed call's output is checked too), and what is left of the judge's own time (`other`:
+clean-up, integrity checks). Busy fractions of the judge and compile workers say which side limits.
+
+A known limit it measures rather than hides: load_inline candidates of one task share an extension
+name, and the judge's builder keeps one build folder (and lock) per name, so their compiles run one
+at a time whatever the number of compile workers.
+
+Example (GPU):   python benchmarks/throughput.py --n 200
+Example (CPU):   python benchmarks/throughput.py --device cpu --n 6 --compile-workers 1 -c compile_mode=none
+                 (torch.compile's CPU baseline can take longer than the judge's per-call limit)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from judge_step import cold_variant  # noqa: E402  (the same way of making a source new)
+
+PHASES = ("pool_queue", "prebuild", "build", "baseline", "start", "calls")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="throughput.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--n", type=int, default=200, help="candidates measured (default 200)")
+    p.add_argument("--tasks", nargs="*", help="suite task names (default: every level-1 task with a solution)")
+    p.add_argument("--workers", type=int, help="judge workers (cuda: default one per GPU; cpu: default 1)")
+    p.add_argument("--compile-workers", type=int, help="compile workers (default: the pool's default)")
+    p.add_argument("--out", type=Path, default=Path("runs/throughput.json"))
+    p.add_argument("--cache-root", type=Path, help="cache folder to use (default: a fresh temporary one, removed)")
+    p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="JudgeConfig override, e.g. -c n_timed=20 (device and cache_dir are set here)")
+    args = p.parse_args(argv)
+    if args.n < 1:
+        p.error("--n must be at least 1")
+    return args
+
+
+def mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else 0.0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import JudgeConfig, JudgeError
+    from cuda_agent.pool import Pool, PoolConfig
+    from cuda_agent.suite import suite_solutions, suite_tasks
+
+    console = Console()
+    solutions = suite_solutions(args.device)
+    tasks = [t for t in suite_tasks(args.device) if t.level == 1 and t.name in solutions]
+    if args.tasks:
+        tasks = [t for t in tasks if t.name in set(args.tasks)]
+    originals = {t.name: Candidate.from_path(solutions[t.name]) for t in tasks}
+    tasks = [t for t in tasks if cold_variant(originals[t.name], "probe") is not None]
+    if not tasks:
+        console.print("no level-1 task with a solution whose sources can be varied")
+        return 2
+    overrides = {}
+    for item in args.config:
+        key, _, raw = item.partition("=")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
+    own_root = args.cache_root is None
+    root = Path(tempfile.mkdtemp(prefix="throughput-")) if own_root else args.cache_root
+    config = JudgeConfig.model_validate({**overrides, "device": args.device, "cache_dir": root / "cache"})
+    pool_config = PoolConfig(judge_workers=args.workers, compile_workers=args.compile_workers,
+                             baseline_db=root / "results.sqlite")
+    work = [(tasks[i % len(tasks)], cold_variant(originals[tasks[i % len(tasks)].name], uuid.uuid4().hex))
+            for i in range(args.n)]
+    try:
+        with Pool(config, pool_config) as pool:
+            console.print(f"{pool.n_judges} judge worker(s), {pool.n_compile} compile worker(s), "
+                          f"{len(tasks)} tasks: {', '.join(t.name for t in tasks)}")
+            t0 = time.monotonic()
+            pool.wait_ready(600)
+            console.print(f"workers ready in {time.monotonic() - t0:.1f} s; priming (baselines, original builds)")
+            priming = [(t, pool.submit(t, originals[t.name])) for t in tasks]  # builds overlap
+            broken = set()
+            for t, future in priming:
+                try:
+                    v = future.result()
+                except JudgeError as exc:  # its baseline cannot be measured here: leave the task out
+                    console.print(f"  [red]{t.name}: {exc} (left out)[/red]")
+                    broken.add(t.name)
+                    continue
+                console.print(f"  {t.name}: correct={v.correct} judge_s={v.judge_s:.1f}"
+                              + (f" ({v.failure.category.value})" if v.failure else ""))
+            work = [(t, c) for t, c in work if t.name not in broken]
+            if not work:
+                console.print("no task left to measure")
+                return 1
+            before = pool.stats()
+            futures: list = []
+            t_start = time.monotonic()
+
+            def feed() -> None:
+                for task, cand in work:
+                    futures.append(pool.submit(task, cand))
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+            feeder.join()
+            verdicts = [f.result() for f in futures]
+            wall = time.monotonic() - t_start
+            after = pool.stats()
+            n_judges, n_compile = pool.n_judges, pool.n_compile
+            device_names = pool.device_names()
+    finally:
+        if own_root:
+            shutil.rmtree(root, ignore_errors=True)
+
+    per_hour = len(verdicts) / wall * 3600 / n_judges
+    phases = {k: mean([v.phase_s.get(k, 0.0) for v in verdicts]) for k in PHASES}
+    judge_s = mean([v.judge_s or 0.0 for v in verdicts])
+    in_judge = sum(phases[k] for k in ("build", "baseline", "start", "calls"))
+    phases["other"] = max(judge_s - in_judge, 0.0)
+    prebuilt = after.prebuilt_in_time - before.prebuilt_in_time
+    judge_busy = (after.judge_s - before.judge_s) / (wall * n_judges)
+    compile_busy = (after.prebuild_s - before.prebuild_s) / (wall * n_compile) if n_compile else None
+    unit = "GPU-hour" if args.device == "cuda" else "judge-worker-hour (CPU backend)"
+
+    table = Table(title=f"Throughput: {len(verdicts)} distinct L1 candidates in {wall:.1f} s")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row(f"judged per {unit}", f"{per_hour:.0f}")
+    table.add_row("correct", f"{sum(v.correct for v in verdicts)}/{len(verdicts)}")
+    table.add_row("built ahead by a compile worker", f"{prebuilt}/{len(verdicts)}")
+    table.add_row("judge workers busy", f"{100 * judge_busy:.0f}%")
+    table.add_row("compile workers busy", "-" if compile_busy is None else f"{100 * compile_busy:.0f}%")
+    for k in PHASES + ("other",):
+        table.add_row(f"mean s per candidate: {k}", f"{phases[k]:.2f}")
+    table.add_row("mean s per candidate: judge_s (build..other)", f"{judge_s:.2f}")
+    console.print(table)
+
+    report = {
+        "benchmark": "throughput", "argv": sys.argv[1:] if argv is None else list(argv),
+        "environment": {"python": platform.python_version(), "platform": platform.platform(),
+                        "device": args.device, "device_names": device_names},
+        "judge_config": json.loads(config.model_dump_json(exclude={"cache_dir"})),
+        "tasks": [t.name for t in tasks], "n": len(verdicts), "wall_s": wall, "judge_workers": n_judges,
+        "compile_workers": n_compile, "per_worker_hour": per_hour, "unit": unit,
+        "correct": sum(v.correct for v in verdicts), "prebuilt_in_time": prebuilt,
+        "judge_busy": judge_busy, "compile_busy": compile_busy, "mean_phase_s": phases, "mean_judge_s": judge_s,
+        "failures": [v.failure.model_dump(mode="json") | {"task": v.task_name} for v in verdicts if v.failure],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
