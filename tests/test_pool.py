@@ -183,7 +183,7 @@ def test_real_judge_through_the_pool_keeps_baselines_in_the_database(tmp_path):
         futures = [pool.submit(t, c) for t, c in zip(tasks, cands)] + [pool.submit(tasks[0], wrong)]
         wait(futures, timeout=600)
         first = [f.result() for f in futures]
-    assert first[0].correct and first[1].correct, [v.summary() for v in first]
+    assert first[0].correct and first[1].correct, [v.failure for v in first]
     assert not first[2].correct and first[2].failure.category == FailureCategory.MISMATCH
     with sqlite3.connect(db) as conn:
         modes = sorted(m for (m,) in conn.execute("SELECT mode FROM baselines"))

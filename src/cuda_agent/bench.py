@@ -26,6 +26,7 @@ from cuda_agent.candidate import Candidate, CandidateError
 from cuda_agent.db import ResultsDB, StoredVerdict, default_db_path
 from cuda_agent.judge import JudgeConfig, JudgeError
 from cuda_agent.metrics import MetricsTable, Outcome, metrics_table
+from cuda_agent.pool import Pool, PoolConfig, PoolError
 from cuda_agent.report import console, metrics_tables, summary_lines, verdict_table
 from cuda_agent.tasks import Task, load_tasks
 
@@ -118,9 +119,7 @@ def outcomes_of(verdicts: list[StoredVerdict], missing: list[Task] = ()) -> list
 
 def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels: list[int] | None = None,
               out: Path | None = None, db_path: Path | None = None, run_name: str | None = None,
-              pool_config=None, report: Path | None = None, count_missing: bool = False) -> BenchResult:
-    from cuda_agent.pool import Pool, PoolConfig, PoolError
-
+              pool_config: PoolConfig | None = None, report: Path | None = None, count_missing: bool = False) -> BenchResult:
     if not console.is_terminal and console.width < 160:
         console.width = 160  # a redirected run is read in a file or a log: do not cut columns to 80
     plan = plan_bench(spec, solutions, config.device, levels)
@@ -150,7 +149,7 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
             pc = pool_config or PoolConfig()
             pc = pc.model_copy(update={"baseline_db": pc.baseline_db or db_path})
             with Pool(config, pc) as pool:
-                _judge_all(pool, todo, db, run_name, errors, PoolError)
+                _judge_all(pool, todo, db, run_name, errors)
         verdicts = db.verdicts(run_name)
     finally:
         db.close()
@@ -175,7 +174,7 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
                        already_done=already, errors=errors)
 
 
-def _judge_all(pool, todo: list[BenchItem], db: ResultsDB, run_name: str, errors: dict[str, str], PoolError) -> None:
+def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, errors: dict[str, str]) -> None:
     """Submit from a feeder thread (submit blocks when the pool's queue is full) and store each verdict
     from this thread the moment it arrives."""
     finished: queue.Queue = queue.Queue()
@@ -208,8 +207,6 @@ def _judge_all(pool, todo: list[BenchItem], db: ResultsDB, run_name: str, errors
             except JudgeError as exc:  # a broken task, not a candidate's fault: say so, go on
                 errors[item.task.name] = str(exc)
                 progress.console.print(f"[red]{item.task.name}: {exc}[/red]")
-            except PoolError as exc:
-                raise exc
             else:
                 db.add_verdict(run_name, item.task, item.candidate, verdict)
                 if verdict.correct:

@@ -178,6 +178,8 @@ class Pool:
         self.n_judges, self.n_compile = n_judges, n_compile
         self.max_queue = pc.max_queue or (4 * n_judges + 2 * n_compile)
         self.time_limit_s = pc.time_limit_s or (config.total_timeout_s + config.build_timeout_s + 60.0)
+        # A prebuild may build one spec per GPU architecture; each build has the judge's own limit.
+        self._compile_limit_s = 2 * config.build_timeout_s + 120.0
         self.baseline_allowance_s = (pc.baseline_allowance_s if pc.baseline_allowance_s is not None
                                      else 3 * config.total_timeout_s)
 
@@ -245,6 +247,12 @@ class Pool:
     def stats(self) -> PoolStats:
         with self._cond:
             return self._stats.model_copy()
+
+    def workers_ready(self) -> dict[str, int]:
+        """How many judge and compile workers have started and are serving (idle or busy)."""
+        with self._cond:
+            return {role: sum(s.role == role and s.state in ("idle", "busy") for s in self._slots)
+                    for role in ("judge", "compile")}
 
     def device_names(self) -> list[str]:
         with self._cond:
@@ -348,6 +356,9 @@ class Pool:
             pass
         if slot.state == "busy" and slot.role == "judge" and slot.job and now > slot.job.deadline:
             self._wedged(slot, now, resolved)
+        elif slot.state == "busy" and slot.role == "compile" and now - slot.since > self._compile_limit_s:
+            handle.kill()  # the builder has its own per-build limit; this catches a stuck worker
+            self._died(slot, now, resolved)
         elif slot.state == "starting" and now - slot.since > self.pool_config.startup_timeout_s:
             slot.last_error = f"no answer within {self.pool_config.startup_timeout_s:.0f} s of starting"
             self._start_failed(slot, now)
@@ -464,7 +475,9 @@ class Pool:
     def _assign(self, now: float) -> None:
         if self._closing and self._hard_stop:
             return
-        for slot in self._slots:
+        # Compile workers first: a candidate whose build has started is one a judge worker then
+        # waits for (on the builder's lock) instead of compiling a second time.
+        for slot in sorted(self._slots, key=lambda s: s.role != "compile"):
             if slot.state != "idle":
                 continue
             if slot.role == "compile":
