@@ -122,7 +122,7 @@ def test_a_prebuilt_candidate_is_a_cache_hit_for_the_judge(tmp_path):
         assert blocker.result().failure.category.value == "policy"  # torch compute in forward: refused
         stats = pool.stats()
     for v in verdicts:
-        assert v.correct and v.build_cached is True, v.summary()
+        assert v.correct and v.build_cached is True, (v.task_name, v.failure, v.build_cached)
         assert "prebuild" in v.phase_s
     # Built by the compile worker (its builder found neither in the fresh cache).
     assert stats.prebuild_built == 2 and stats.prebuild_failed == 0
