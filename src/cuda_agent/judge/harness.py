@@ -266,9 +266,11 @@ class Judge:
         setup = self._setup(task, ref, secrets.randbits(31))
         v.seeds = {"init": setup.init_seed}
         t_phase = time.monotonic()
+        built_before = v.phase_s.get("build") or 0.0
         session = self._start(task, cand.model_new, library, setup, v, deadline, trusted=False)
         v.isolation = session.proc.isolation
-        v.phase_s["start"] = time.monotonic() - t_phase - (v.phase_s.get("build") or 0.0)
+        # load_inline builds happen while the candidate starts; they count as build, not start
+        v.phase_s["start"] = time.monotonic() - t_phase - ((v.phase_s.get("build") or 0.0) - built_before)
         try:
             if session.ready.get("unmatched"):
                 v.notes.append(f"parameters not copied from Model (different name or shape): "
