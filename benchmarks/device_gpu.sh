@@ -32,6 +32,9 @@ case "$stage" in
     timeout ${TIER_TIMEOUT:-560} python3 -m pytest -q -m gpu $par -p no:cacheprovider tests > "$out/gpu_tier.log" 2>&1
     grep -E "passed|failed|^FAILED|^ERROR" "$out/gpu_tier.log" | tail -60
     ;;
+  plane)
+    timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
+    ;;
   probe)
     # Where the time of a judge step goes: both forms, cold and warm, per phase and per compiled file.
     timeout 520 python3 benchmarks/judge_step.py --runs ${RUNS:-3} --out "$out/judge_step.json" > "$out/judge_step.log" 2>&1

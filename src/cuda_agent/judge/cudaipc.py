@@ -94,7 +94,8 @@ class SharedGpuBuffer:
         if code != 0:
             lib.cudaFree(ptr)
             _check(code, "cudaIpcGetMemHandle")
-        return cls(ptr.value, nbytes, True, bytes(handle.reserved))
+        # bytes(handle), not handle.reserved: a c_char array field reads as a string cut at its first NUL
+        return cls(ptr.value, nbytes, True, bytes(handle))
 
     @classmethod
     def open(cls, handle_hex: str, nbytes: int) -> "SharedGpuBuffer":

@@ -39,7 +39,7 @@ from .build import Builder, BuildError, BuildSpec, inline_spec, library_imports,
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
-from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError
+from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
 from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import reconcile, summarize
@@ -193,6 +193,8 @@ class Judge:
         self.uid = (config.sandbox_uid or 61000 + os.getpid() % 4000) if is_root() else None
         self.work_root = _work_root()
         self._zygote: Zygote | None = None
+        self._spare: tuple[Sandboxed, socket.socket] | None = None  # a worker started ahead of need
+        self._launches = 0
         # Builds run under their own uid: cleaning up after a build kills every process of its uid,
         # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
@@ -245,6 +247,8 @@ class Judge:
 
     def close(self) -> None:
         self._references.clear()
+        self._drop_spare(self._spare)
+        self._spare = None
         if self._zygote is not None:
             self._zygote.close()
             self._zygote = None
@@ -587,29 +591,68 @@ class Judge:
         return ref
 
     def _spawn(self, task: Task, model_new: str, plane: DataPlane, library: Path | None):
-        workdir = new_workdir(self.work_root / "runs", "cand-")
+        zygote = self._get_zygote()
+        if zygote is None:
+            # A spare started ahead (torch imported, GPU context made); the next one starts now,
+            # under the other uid, so that cleaning up after this one cannot touch it.
+            spare, self._spare = self._spare, None
+            if spare is None or not spare[0].alive():
+                self._drop_spare(spare)
+                spare = self._launch()
+            proc, sock = spare
+            self._live.append(proc)
+            self._spare = self._launch()
+        else:
+            proc, sock = self._launch(zygote, plane)
+            self._live.append(proc)
+        workdir = proc.spec.workdir
         (workdir / "model_new.py").write_text(model_new)
         (workdir / "model.py").write_text(task.source)
         if library is not None:
             shutil.copy2(library, workdir / "cuda_extension.so")
+        if proc.uid is not None:
+            for name in ("model_new.py", "model.py", "cuda_extension.so"):
+                if (workdir / name).exists():
+                    os.chown(workdir / name, proc.uid, proc.uid)
+        if zygote is None:
+            send_plane(sock, plane.fd, plane.size, plane.in_size)
+        proc.reset_disk_baseline()
+        return proc, Channel(sock)
+
+    def _launch(self, zygote: Zygote | None = None, plane: DataPlane | None = None) -> tuple[Sandboxed, socket.socket]:
+        """A worker process with nothing of a task yet. Forked from the zygote, it gets the data
+        plane at once; started as a fresh interpreter, it waits for it (see `send_plane`)."""
+        workdir = new_workdir(self.work_root / "runs", "cand-")
         parent_sock, child_sock = socket.socketpair()
-        env = {}
         if self.device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
             # idle OpenMP threads must sleep, not spin: spinning would be charged to the next call
-            env["OMP_WAIT_POLICY"] = "PASSIVE"
+            env = {"CUDA_VISIBLE_DEVICES": "", "OMP_WAIT_POLICY": "PASSIVE"}
+        else:
+            env = {"CUDA_AGENT_PREINIT": "cuda"}
+        plane_args = (plane.fd, plane.size, plane.in_size) if plane is not None else (-1, 0, 0)
+        uid = self.uid
+        if self.uid is not None and zygote is None:
+            self._launches += 1
+            uid = self.uid + 10000 * (self._launches % 2)
         spec = SandboxSpec(
-            argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), str(plane.fd),
-                             str(plane.size), str(plane.in_size)),
-            workdir=workdir, uid=self.uid, pass_fds=(child_sock.fileno(), plane.fd), env=env,
+            argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), *map(str, plane_args)),
+            workdir=workdir, uid=uid, pass_fds=(child_sock.fileno(),) + ((plane.fd,) if plane else ()), env=env,
             address_space_mb=(self.config.memory_limit_mb + 8192) if self.device == "cpu" else None,
-            target="worker", target_args=[plane.size, plane.in_size])
+            target="worker", target_args=list(plane_args[1:]))
         try:
-            proc = Sandboxed(spec, self._get_zygote())
+            proc = Sandboxed(spec, zygote)
+        except BaseException:
+            parent_sock.close()
+            raise
         finally:
             child_sock.close()
-        self._live.append(proc)
-        return proc, Channel(parent_sock)
+        return proc, parent_sock
+
+    @staticmethod
+    def _drop_spare(spare) -> None:
+        if spare is not None:
+            spare[1].close()
+            spare[0].cleanup()
 
     def _recv(self, chan: Channel, proc: Sandboxed, deadline: float, what: str) -> dict:
         """Wait for a message while watching the process's health and memory."""

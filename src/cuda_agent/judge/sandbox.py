@@ -109,11 +109,16 @@ class Sandboxed:
                 log.close()
         self.pid = self.proc.pid
         self.started = time.monotonic()
-        self._disk_free0 = _free_mb(spec.workdir)
+        self.reset_disk_baseline()
         if self.uid is not None:
             self.isolation.append(f"uid {self.uid}")
         if self.cgroup is not None:
             self.isolation.append(f"pids cgroup (max {spec.max_procs})")
+
+    def reset_disk_baseline(self) -> None:
+        """Count disk use from now (a process started ahead of its task must not be charged with
+        what the judge wrote meanwhile)."""
+        self._disk_free0 = _free_mb(self.spec.workdir)
 
     def probe_isolation(self) -> None:
         """Record network and system-call isolation as the kernel reports them (once running)."""

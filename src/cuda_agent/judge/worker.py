@@ -118,12 +118,20 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from .protocol import Channel, DataPlane
+    from .protocol import Channel, DataPlane, receive_plane
     from .tensorio import pack, unpack
     from .timing import CacheFlusher, CallTimer
 
-    chan = Channel(socket.socket(fileno=sock_fd))
+    sock = socket.socket(fileno=sock_fd)
     shared_error = None
+    if data_fd < 0:
+        # Started ahead of need (a spare): torch is imported and the GPU context made while the
+        # judge does other work; the data plane arrives with the task, as a passed descriptor.
+        if os.environ.get("CUDA_AGENT_PREINIT") == "cuda":
+            torch.cuda.init()
+            torch.cuda.set_device(0)
+        data_fd, size, in_size = receive_plane(sock)
+    chan = Channel(sock)
     plane = DataPlane(fd=data_fd, size=size, in_size=in_size)
     plane.map()
     init = chan.recv()
