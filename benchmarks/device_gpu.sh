@@ -35,6 +35,17 @@ case "$stage" in
   plane)
     timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
     ;;
+  steps)
+    # The judge-step figures in one call: the workspace form (where the targets apply) first.
+    timeout ${WS_TIMEOUT:-140} python3 benchmarks/judge_step.py --form workspace --runs ${RUNS:-5} \
+      --out "$out/judge_step_workspace.json" > "$out/judge_step_workspace.log" 2>&1
+    grep -E "run|│" "$out/judge_step_workspace.log" | cut -c1-700
+    timeout ${PLANE_TIMEOUT:-60} python3 benchmarks/gpu_plane_check.py > "$out/gpu_plane.log" 2>&1
+    cut -c1-700 "$out/gpu_plane.log"
+    timeout ${FILE_TIMEOUT:-80} python3 benchmarks/judge_step.py --form file --runs ${FILE_RUNS:-3} -c compile_mode=none \
+      --out "$out/judge_step_file.json" > "$out/judge_step_file.log" 2>&1
+    grep -E "run|│" "$out/judge_step_file.log" | cut -c1-700
+    ;;
   probe)
     # Where the time of a judge step goes: both forms, cold and warm, per phase and per compiled file.
     timeout 520 python3 benchmarks/judge_step.py --runs ${RUNS:-3} --out "$out/judge_step.json" > "$out/judge_step.log" 2>&1

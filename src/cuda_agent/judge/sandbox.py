@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -365,22 +366,36 @@ def _pids_cgroup(max_procs: int) -> str | None:
 
 
 def _kill_cgroup(path: str) -> None:
-    for _ in range(20):
+    """Kill every process of the cgroup now; remove the cgroup once they are gone. Removal waits
+    for the kernel to finish tearing the processes down (a GPU context takes a while), so it
+    happens in the background: the processes are already dead, nothing is left to wait for."""
+    if not _kill_cgroup_once(path):
+        threading.Thread(target=_reap_cgroup, args=(path,), daemon=True).start()
+
+
+def _kill_cgroup_once(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as fh:
+            pids = [int(x) for x in fh.read().split()]
+    except OSError:
+        pids = []
+    for pid in pids:
         try:
-            with open(os.path.join(path, "cgroup.procs")) as fh:
-                pids = [int(x) for x in fh.read().split()]
+            os.kill(pid, signal.SIGKILL)
         except OSError:
-            pids = []
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        try:
-            os.rmdir(path)
+            pass
+    try:
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
+
+
+def _reap_cgroup(path: str) -> None:
+    for _ in range(200):
+        time.sleep(0.05)
+        if _kill_cgroup_once(path) or not os.path.isdir(path):
             return
-        except OSError:
-            time.sleep(0.05)
 
 
 def _free_mb(path: Path) -> float:
