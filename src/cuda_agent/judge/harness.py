@@ -596,10 +596,16 @@ class Judge:
             # A spare started ahead (torch imported, GPU context made); the next one starts now,
             # under the other uid, so that cleaning up after this one cannot touch it.
             spare, self._spare = self._spare, None
-            if spare is None or not spare[0].alive():
+            if spare is not None and not spare[0].alive():
                 self._drop_spare(spare)
-                spare = self._launch()
-            proc, sock = spare
+                spare = None
+            proc, sock = spare if spare is not None else self._launch()
+            try:
+                send_plane(sock, plane.fd, plane.size, plane.in_size)
+            except OSError:  # the spare died after all: start one for this task
+                self._drop_spare((proc, sock))
+                proc, sock = self._launch()
+                send_plane(sock, plane.fd, plane.size, plane.in_size)
             self._live.append(proc)
             self._spare = self._launch()
         else:
@@ -614,8 +620,6 @@ class Judge:
             for name in ("model_new.py", "model.py", "cuda_extension.so"):
                 if (workdir / name).exists():
                     os.chown(workdir / name, proc.uid, proc.uid)
-        if zygote is None:
-            send_plane(sock, plane.fd, plane.size, plane.in_size)
         proc.reset_disk_baseline()
         return proc, Channel(sock)
 

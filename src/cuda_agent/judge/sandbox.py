@@ -110,6 +110,7 @@ class Sandboxed:
                 log.close()
         self.pid = self.proc.pid
         self.started = time.monotonic()
+        self._cleaned = False
         self.reset_disk_baseline()
         if self.uid is not None:
             self.isolation.append(f"uid {self.uid}")
@@ -188,6 +189,11 @@ class Sandboxed:
                 break
 
     def cleanup(self, remove_workdir: bool = True) -> None:
+        # Once only: killing "every process of this uid" again later would hit a process started
+        # since under the same uid (the judge's next worker).
+        if self._cleaned:
+            return
+        self._cleaned = True
         self.kill()
         if self.cgroup is not None:
             _kill_cgroup(self.cgroup)
