@@ -278,14 +278,25 @@ def test_solve_and_run_commands_are_resumable(tmp_path):
         assert res.returncode == 0 and "finished earlier" in res.stdout
         assert len(server.requests) == 2  # the finished task was skipped
 
-        args = ["run", str(tasks), "--out", str(tmp_path / "run"), "-j", "2", "--max-turns", "2", "--device", "cpu",
-                "--model", "scripted-model"]
+        settings = tmp_path / "agent.toml"
+        settings.write_text('[model]\nmodel = "scripted-model"\n\n[agent]\nmax_turns = 2\n')
+        args = ["run", str(tasks), "--out", str(tmp_path / "run"), "-j", "2", "--agent-config", str(settings),
+                "--device", "cpu"]
         res = _cli(args, env)
         assert res.returncode == 0, res.stderr
         rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
         assert [r["task"] for r in rows] == ["1_relu", "2_relu_sq"]
         assert all(r["termination"] == "max_turns" for r in rows)
-        assert len(server.requests) == 6
+        assert len(server.requests) == 6 and server.model_lists == 1  # the model named in the file
         res = _cli(args, env)
         assert res.returncode == 0 and res.stdout.count("finished earlier") == 2
         assert len(server.requests) == 6
+
+
+def test_tokens_are_estimated_when_the_server_sends_no_usage(task, tmp_path):
+    with ScriptedModel([tool("list_files"), tool("read_file", path="model.py")], usage=False) as server:
+        result = make_agent(server, tmp_path, task, max_turns=2).run()
+    model = [e for e in result_events(tmp_path) if e["type"] == "model"]
+    assert all(e["usage_estimated"] and e["prompt_tokens"] > 1000 for e in model)
+    assert result.prompt_tokens == sum(e["prompt_tokens"] for e in model)
+    assert model[1]["prompt_tokens"] > model[0]["prompt_tokens"]

@@ -177,3 +177,16 @@ def test_skill_examples_pass_the_policy(device):
                  "profile", "submit"):
         assert f"`{name}(" in text
     assert "1e-4 for float32" in text
+
+
+def test_shell_file_size_is_capped(task, tmp_path):
+    ws = create_workspace(task, tmp_path / "ws", "cpu")
+    box = Toolbox(task, ws, JudgeGate(JudgeConfig(device="cpu")), ToolConfig(shell_output_bytes=1 << 20))
+    try:
+        obs = box.call("run_shell", {"command": "head -c 5000000 /dev/zero > big.bin; echo status $?"})
+        assert "status 0" not in obs.text
+        assert (ws / "big.bin").stat().st_size <= 1 << 20
+        obs = box.call("run_shell", {"command": "ulimit -f unlimited"})  # the limit cannot be lifted
+        assert not obs.ok
+    finally:
+        box.close()

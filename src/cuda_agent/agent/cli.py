@@ -6,6 +6,8 @@ Registered on the main app by `cuda_agent.cli`; heavy imports stay inside the co
 from __future__ import annotations
 
 import inspect
+import json
+import tomllib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -47,6 +49,9 @@ MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="longe
 TurnsOpt = Annotated[Optional[int], typer.Option("--max-turns", help="model calls per task (default 150)")]
 ContextOpt = Annotated[Optional[int], typer.Option("--context-tokens", help="context budget in tokens "
                                                    "(default 128000)")]
+AgentConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--agent-config", help="model and agent settings from a TOML or JSON file: sections model (ModelConfig) and "
+                           "agent (AgentConfig); flags override it")]
 # judge (as for `cuda-agent eval`)
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="cuda or cpu (default: cuda when available, else the CPU backend with C++ kernels)")]
@@ -57,8 +62,9 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="judge setti
 SetOpt = Annotated[Optional[list[str]], typer.Option("-c", "--set", help="override one JudgeConfig field")]
 
 
-def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns, context_tokens,
+def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns, context_tokens, agent_file,
            device, policy, compile_mode, config, set_):
+    """Model client, judge gate and agent settings: flags over the settings file over the environment."""
     from pydantic import ValidationError
 
     from cuda_agent.cli import build_config
@@ -68,11 +74,23 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
     from .tools import JudgeGate
 
     judge_config = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
+    values: dict = {}
+    if agent_file is not None:
+        try:
+            text = agent_file.read_text()
+            values = tomllib.loads(text) if agent_file.suffix == ".toml" else json.loads(text)
+        except (OSError, ValueError) as exc:
+            err.print(f"[red]error:[/red] {agent_file}: {exc}")
+            raise typer.Exit(2)
+
+    def merged(section: str, **flags) -> dict:
+        return {**values.get(section, {}), **{k: v for k, v in flags.items() if v is not None}}
+
     try:
-        model_config = ModelConfig.from_env(base_url=base_url, model=model, api_key=api_key, tool_mode=tool_mode,
-                                            temperature=temperature, max_tokens=max_tokens)
-        agent_config = AgentConfig(**{k: v for k, v in {"max_turns": max_turns,
-                                                         "context_tokens": context_tokens}.items() if v is not None})
+        model_config = ModelConfig.from_env(**merged("model", base_url=base_url, model=model, api_key=api_key,
+                                                     tool_mode=tool_mode, temperature=temperature,
+                                                     max_tokens=max_tokens))
+        agent_config = AgentConfig(**merged("agent", max_turns=max_turns, context_tokens=context_tokens))
     except ValidationError as exc:
         err.print(f"[red]error:[/red] invalid settings:\n{exc}")
         raise typer.Exit(2)
@@ -99,7 +117,8 @@ def solve_cmd(
     fresh: Annotated[bool, typer.Option("--fresh", help="start over even if OUT holds a finished run")] = False,
     base_url: BaseUrlOpt = None, model: ModelOpt = None, api_key: KeyOpt = None, tool_mode: ToolModeOpt = None,
     temperature: TemperatureOpt = None, max_tokens: MaxTokensOpt = None, max_turns: TurnsOpt = None,
-    context_tokens: ContextOpt = None, device: DeviceOpt = None, policy: PolicyOpt = None,
+    context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
+    policy: PolicyOpt = None,
     compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
 ) -> None:
     """Let a model turn your PyTorch module into verified, faster kernels.
@@ -117,11 +136,11 @@ def solve_cmd(
     except TaskError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
-    client, gate, agent_config = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
-                                        context_tokens, device, policy, compile_mode, config, set_)
+    client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
+                                    context_tokens, agent_config, device, policy, compile_mode, config, set_)
     folder = out_dir or Path("agent_runs") / module.stem
     try:
-        summary = solve_task(task, folder, client, gate, agent_config, resume=not fresh)
+        summary = solve_task(task, folder, client, gate, settings, resume=not fresh)
     except JudgeError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(3)
@@ -146,7 +165,8 @@ def run_cmd(
     limit: Annotated[Optional[int], typer.Option("--limit", help="only the first N tasks")] = None,
     base_url: BaseUrlOpt = None, model: ModelOpt = None, api_key: KeyOpt = None, tool_mode: ToolModeOpt = None,
     temperature: TemperatureOpt = None, max_tokens: MaxTokensOpt = None, max_turns: TurnsOpt = None,
-    context_tokens: ContextOpt = None, device: DeviceOpt = None, policy: PolicyOpt = None,
+    context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
+    policy: PolicyOpt = None,
     compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
 ) -> None:
     """Run the agent on many tasks with bounded concurrency and a progress bar.
@@ -160,8 +180,8 @@ def run_cmd(
 
     from .runner import run_tasks
 
-    client, gate, agent_config = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
-                                        context_tokens, device, policy, compile_mode, config, set_)
+    client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
+                                    context_tokens, agent_config, device, policy, compile_mode, config, set_)
     spec = f"suite:{gate.device}" if tasks in ("suite", "suite:cuda", "suite:cpu") else tasks
     try:
         todo = load_tasks(spec, level)
@@ -180,7 +200,7 @@ def run_cmd(
             bar.advance(progress)
 
         try:
-            summaries = run_tasks(todo, out_dir, client, gate, agent_config, concurrency=concurrency, on_done=done)
+            summaries = run_tasks(todo, out_dir, client, gate, settings, concurrency=concurrency, on_done=done)
         finally:
             gate.close()
     solved = [s for s in summaries if s.get("best")]

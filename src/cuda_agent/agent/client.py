@@ -115,7 +115,7 @@ def parse_arguments(raw: str | dict | None) -> tuple[dict | None, str | None]:
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}, None
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, strict=False)  # raw newlines inside strings are a common slip
     except (json.JSONDecodeError, TypeError) as exc:
         return None, f"arguments are not valid JSON ({exc})"
     if not isinstance(value, dict):
@@ -130,7 +130,7 @@ def parse_text_tool_calls(text: str) -> list[ToolCall]:
         body = m.group(1).strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
         cid = f"call_{uuid.uuid4().hex[:12]}"
         try:
-            obj = json.loads(body)
+            obj = json.loads(body, strict=False)
         except json.JSONDecodeError as exc:
             calls.append(ToolCall(cid, "", body, error=f"the <tool_call> block is not valid JSON ({exc})"))
             continue

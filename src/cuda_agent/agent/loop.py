@@ -146,7 +146,8 @@ class Agent:
         t0 = time.monotonic()
         task, device = self.toolbox.task, self.toolbox.gate.device
         model = getattr(self.client, "config", None)
-        self.trajectory.event("start", task={"id": task.id, "name": task.name, "origin": task.origin},
+        self.trajectory.event("start", task={"id": task.id, "name": task.name, "origin": task.origin,
+                                             "level": task.level, "source": task.source},
                               device=device, agent=self.config.model_dump(mode="json"), tools=self.tools,
                               model=model.public() if isinstance(model, ModelConfig) else None)
         backend = "CUDA on the GPU" if device == "cuda" else "CPU (C++/OpenMP kernels in kernels/*.cpp)"
@@ -200,7 +201,8 @@ class Agent:
         for call in reply.tool_calls:
             t0 = time.monotonic()
             if call.error:
-                obs = Observation(f"error: malformed call of {call.name or 'a tool'}: {call.error}", ok=False)
+                cut = " (your reply was cut off at the token limit)" if reply.finish_reason == "length" else ""
+                obs = Observation(f"error: malformed call of {call.name or 'a tool'}: {call.error}{cut}", ok=False)
             else:
                 obs = self.toolbox.call(call.name, call.arguments or {})
             self.add({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": obs.text})

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -296,7 +295,8 @@ class ToolConfig(BaseModel):
 
     observation_chars: int = Field(10_000, ge=500, description="longest observation; longer ones are cut")
     max_file_bytes: int = Field(1_000_000, description="largest file write_file accepts")
-    shell_output_bytes: int = Field(16 << 20, description="a shell command's output is capped here (RLIMIT_FSIZE)")
+    shell_output_bytes: int = Field(64 << 20, description="largest file (output included) a shell command may "
+                                                          "write (RLIMIT_FSIZE)")
     profile_timeout_s: float = Field(600.0, description="limit on one profiling run")
 
 
@@ -435,14 +435,13 @@ class Toolbox:
     def run_process(self, argv: list[str], timeout_s: float) -> tuple[int | None, str, str]:
         """Run `argv` in the workspace in its own session; (exit code or None on timeout, stdout, stderr).
         The whole process group is killed on timeout and whatever it left running is killed after."""
-        cap = self.config.shell_output_bytes
-
-        def limits() -> None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
-
+        # the file-size limit through bash's ulimit (soft and hard): no preexec_fn, which is unsafe
+        # while other threads run agents
+        blocks = max(self.config.shell_output_bytes // 1024, 1)
+        argv = ["bash", "-c", f'ulimit -f {blocks} && exec "$@"', "cuda-agent-tool", *argv]
         with tempfile.TemporaryFile(dir=self._home) as out, tempfile.TemporaryFile(dir=self._home) as err:
             proc = subprocess.Popen(argv, cwd=self.root, env=self.shell_env(), stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True, preexec_fn=limits)
+                                    stdout=out, stderr=err, start_new_session=True)
             try:
                 code: int | None = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
