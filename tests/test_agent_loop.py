@@ -117,7 +117,7 @@ def test_a_model_that_repeats_itself_is_warned_then_stopped(task, tmp_path):
         result = make_agent(server, tmp_path, task, max_turns=50, repeat_warn=3, repeat_limit=5).run()
     assert not server.errors
     assert result.termination is Termination.REPEATED and result.turns == 5
-    warned = [i for i, r in enumerate(server.requests) if "identical step in a row" in last_observation(r)]
+    warned = [i for i, r in enumerate(server.requests) if "same results 3 times in a row" in last_observation(r)]
     assert warned and warned[0] == 3  # the request after the 3rd identical step carries the warning
 
 

@@ -118,6 +118,8 @@ def parse_arguments(raw: str | dict | None) -> tuple[dict | None, str | None]:
         value = json.loads(raw, strict=False)  # raw newlines inside strings are a common slip
     except (json.JSONDecodeError, TypeError) as exc:
         return None, f"arguments are not valid JSON ({exc})"
+    if value is None:  # some servers send null for a tool without parameters
+        return {}, None
     if not isinstance(value, dict):
         return None, f"arguments must be a JSON object, not {type(value).__name__}"
     return value, None

@@ -116,8 +116,8 @@ model_new.py holds a starter with the reference's constructor. Start with profil
 
 NO_TOOL_CALL = ("Your reply called no tool. Act only through tool calls ({tools}); call submit when the "
                 "workspace passes verify.")
-REPEAT_WARNING = ("\n\n[note: this is the {n}th identical step in a row with the same result. Repeating it "
-                  "will not change anything; try something different.]")
+REPEAT_WARNING = ("\n\n[note: you made the same calls with the same results {n} times in a row; repeating them "
+                  "changes nothing, so try something different.]")
 
 
 class Agent:
@@ -170,6 +170,11 @@ class Agent:
             reason, message = Termination.ERROR, f"model: {exc}"
         except JudgeError as exc:
             reason, message = Termination.ERROR, f"judge: {exc}"
+        except Exception as exc:  # a bug: the run still ends with a result and a complete trajectory
+            import traceback
+
+            reason, message = Termination.ERROR, "internal: " + "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]
         cand, verdict = self.best or (None, None)
         result = AgentResult(task.id, task.name, reason, message, self.replies, self.prompt_tokens,
                              self.completion_tokens, time.monotonic() - t0, cand, verdict)

@@ -97,7 +97,7 @@ class BuildReport(BaseModel):
     message: str = ""
     seconds: float = 0.0
     cached: bool = False
-    policy_violations: list[str] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)  # policy violations and syntax errors the judge rejects
     library: Path | None = None
 
 
@@ -125,24 +125,24 @@ class JudgeGate:
 
     def build(self, candidate: Candidate) -> BuildReport:
         """The judge's build step alone, with the policy checks it applies to sources and binary."""
-        violations: list[str] = []
+        problems: list[str] = []
         try:
-            violations += pol.check_python(candidate.model_new, self.config.policy)
+            problems += pol.check_python(candidate.model_new, self.config.policy)
         except SyntaxError as exc:
-            violations.append(f"model_new.py: syntax error at line {exc.lineno}: {exc.msg}")
+            problems.append(f"model_new.py: syntax error at line {exc.lineno}: {exc.msg}")
         for rel, src in candidate.kernels:
-            violations += pol.check_cpp(src, f"kernels/{rel}", self.config.policy)
+            problems += pol.check_cpp(src, f"kernels/{rel}", self.config.policy)
         with self._lock:
             judge = self._get()
             try:
                 spec = workspace_spec(candidate.kernels, f"ws:{candidate.origin}", self.device)
                 result = judge.builder.build(spec)
             except BuildError as exc:
-                return BuildReport(ok=False, message=str(exc), policy_violations=violations)
+                return BuildReport(ok=False, message=str(exc), problems=problems)
         symbols = library_imports(result.library)
         if symbols is not None:
-            violations += pol.check_binary(symbols, self.config.policy, self.device)
-        return BuildReport(ok=True, seconds=result.seconds, cached=result.cached, policy_violations=violations,
+            problems += pol.check_binary(symbols, self.config.policy, self.device)
+        return BuildReport(ok=True, seconds=result.seconds, cached=result.cached, problems=problems,
                            library=result.library)
 
     def exclusive(self):
@@ -319,10 +319,6 @@ class Toolbox:
         self.config = config or ToolConfig()
         self._home = Path(tempfile.mkdtemp(prefix="cuda-agent-shell-"))
         self._verdicts: dict[str, Verdict] = {}   # candidate hash -> verdict, so an unchanged verify is free
-        self._handlers = {"list_files": self._list_files, "read_file": self._read_file,
-                          "write_file": self._write_file, "edit_file": self._edit_file,
-                          "run_shell": self._run_shell, "compile": self._compile, "verify": self._verify,
-                          "profile": self._profile, "submit": self._submit}
 
     def close(self) -> None:
         shutil.rmtree(self._home, ignore_errors=True)
@@ -340,11 +336,13 @@ class Toolbox:
             return Observation(f"error: bad arguments for {name}: {problems}. Expected parameters: "
                                f"{_schema(model)['properties']}", ok=False)
         try:
-            obs = self._handlers[name](args)
+            obs = getattr(self, f"_{name}")(args)
         except ToolError as exc:
             obs = Observation(f"error: {exc}", ok=False)
         except CandidateError as exc:
             obs = Observation(f"error: the workspace is not a candidate yet: {exc}", ok=False)
+        except OSError as exc:  # e.g. writing over a folder, a full disk
+            obs = Observation(f"error: {type(exc).__name__}: {exc}", ok=False)
         obs.text = truncate(obs.text, self.config.observation_chars)
         return obs
 
@@ -468,10 +466,9 @@ class Toolbox:
         else:
             how = "unchanged, from the build cache" if report.cached else f"built in {report.seconds:.1f} s"
             text = f"compile: OK ({how})"
-        if report.policy_violations:
-            text += "\npolicy violations (the judge will reject this candidate):\n" + "\n".join(
-                f"  - {p}" for p in report.policy_violations[:10])
-        return Observation(text, ok=report.ok and not report.policy_violations)
+        if report.problems:
+            text += "\nthe judge will reject this candidate:\n" + "\n".join(f"  - {p}" for p in report.problems[:10])
+        return Observation(text, ok=report.ok and not report.problems)
 
     def _judge(self, cand: Candidate, *, fresh: bool) -> Verdict:
         if not fresh and cand.hash in self._verdicts:
