@@ -257,6 +257,14 @@ def _cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
                           env=env, timeout=600)
 
 
+def test_solve_without_a_model_server_is_a_usage_error(tmp_path):
+    (tmp_path / "task.py").write_text(TASK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "CUDA_AGENT_MODEL"))}
+    res = _cli(["solve", str(tmp_path / "task.py"), "--out", str(tmp_path / "out"), "--device", "cpu"], env)
+    assert res.returncode == 2 and "--base-url" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_solve_and_run_commands_are_resumable(tmp_path):
     tasks = tmp_path / "tasks"
     tasks.mkdir()

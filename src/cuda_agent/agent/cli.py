@@ -69,7 +69,7 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
 
     from cuda_agent.cli import build_config
 
-    from .client import ChatClient, ModelConfig
+    from .client import ChatClient, ModelConfig, ModelError
     from .loop import AgentConfig
     from .tools import JudgeGate
 
@@ -94,7 +94,12 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
     except ValidationError as exc:
         err.print(f"[red]error:[/red] invalid settings:\n{exc}")
         raise typer.Exit(2)
-    return ChatClient(model_config), JudgeGate(judge_config), agent_config
+    try:
+        client = ChatClient(model_config)
+    except ModelError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    return client, JudgeGate(judge_config), agent_config
 
 
 def _line(s: dict) -> str:

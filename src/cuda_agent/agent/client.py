@@ -217,6 +217,9 @@ class ChatClient:
         self.config = config
         self._openai = openai
         key = config.api_key.get_secret_value() if config.api_key else ("EMPTY" if config.base_url else None)
+        if key is None:
+            raise ModelError("no model server: pass --base-url (OPENAI_BASE_URL) for a local server, or an API "
+                             "key (--api-key, OPENAI_API_KEY) for the OpenAI API")
         self._client = openai.OpenAI(base_url=config.base_url, api_key=key, timeout=config.timeout_s,
                                      max_retries=0)  # retries are ours: counted, logged, backed off
         self.text_mode = config.tool_mode == "text"
