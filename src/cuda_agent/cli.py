@@ -131,6 +131,11 @@ def bench_cmd(
         _fail(str(exc))
 
 
+from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)
+
+_register_agent(app)
+
+
 def main() -> None:  # pragma: no cover
     app()
 
