@@ -131,6 +131,11 @@ def bench_cmd(
         _fail(str(exc))
 
 
+from cuda_agent.synth.cli import synth_cmd  # noqa: E402  (defined with the synth package)
+
+app.command("synth")(synth_cmd)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

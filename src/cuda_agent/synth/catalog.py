@@ -30,6 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from .worker import random_ops
+
 PROBE_SHAPES: dict[int, tuple[int, ...]] = {2: (4, 64), 3: (4, 16, 32), 4: (2, 16, 12, 12), 5: (2, 8, 6, 6, 6)}
 MAX_GROWTH = 64   # an op may not make its output more than this many times larger than its input
 
@@ -188,6 +190,9 @@ CLASS_KWARGS: dict[str, dict[str, Any]] = {
     "RNN": {"batch_first": True}, "LSTM": {"batch_first": True}, "GRU": {"batch_first": True},
     "Softmax": {"dim": -1}, "Softmin": {"dim": -1}, "LogSoftmax": {"dim": -1},
 }
+# losses keep one value per element: a scalar output is degenerate for the judge (any constant
+# passes its tolerance) and ends every chain
+LOSS_KWARGS: dict[str, Any] = {"reduction": "none"}
 SKIP_CLASSES = {"Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
                 "Container", "Identity", "Transformer", "TransformerEncoder", "TransformerDecoder", "RNNBase",
                 "RNNCellBase", "Buffer", "Parameter", "UninitializedParameter", "UninitializedBuffer"}
@@ -264,6 +269,8 @@ def probe(seed: SeedOp, rank: int) -> SeedOp:
             out = _run(call, xs, index)
             if time.perf_counter() - t0 > PROBE_SLOW_S:
                 raise _Reject("too slow on probe inputs")
+            if random_ops(call, xs):
+                raise _Reject("random: runs ops tagged nondeterministic_seeded")
             if not torch.equal(state, torch.get_rng_state()):
                 raise _Reject("random: consumes the RNG")
             if out.dtype != torch.float32 or out.numel() == 0:
@@ -396,7 +403,7 @@ def nn_module_specs(report: CrawlReport) -> Iterable[SeedOp]:
         if unresolved:
             _skip(report, "constructor parameter without a rule")
             continue
-        for k, v in CLASS_KWARGS.get(name, {}).items():
+        for k, v in {**LOSS_KWARGS, **CLASS_KWARGS.get(name, {})}.items():
             if k in names:
                 args.append(ArgSpec(name=k, value=v, keyword=True))
         yield SeedOp(name=f"nn.{name}", kind="module", target=f"nn.{name}", args=tuple(args), arity=arity,
@@ -447,6 +454,8 @@ def _function_spec(fn, lam, prefix: str, modname: str, name: str) -> SeedOp | No
         if not required:
             if p.name == "dim" and all(a.name != "dim" for a in args):
                 args.append(ArgSpec(name="dim", value=-1, keyword=True))
+            elif p.name in LOSS_KWARGS:
+                args.append(ArgSpec(name=p.name, value=LOSS_KWARGS[p.name], keyword=True))
             continue
         rule = rule_for(p.name, names, "function")
         if rule is None:

@@ -172,8 +172,8 @@ class ProgrammaticComposer:
                 raise ComposeError("chain cannot grow")
             cur = got
             values.append(cur)
-            if cur.shape == () or len(cur.shape) < 2:
-                break           # reduced to a scalar or vector: nothing composes after it
+            if len(cur.shape) < 2:
+                break           # reduced to one value per sample: nothing composes after it
         if len(plan.ops) < cfg.min_ops:
             raise ComposeError("too few ops")
         if not self._replay_scaled(plan):
@@ -201,8 +201,8 @@ class ProgrammaticComposer:
             out = _infer(seed, values_, metas, ns)
             if out is None or out.numel() > cfg.max_numel or out.numel() == 0:
                 continue
-            if out.dim() >= 1 and out.shape[0] != plan.batch:
-                continue        # the batch stays in dimension 0 (rescaling); a scalar ends the chain
+            if out.dim() == 0 or out.shape[0] != plan.batch:
+                continue        # the batch stays in dimension 0 (rescaling); scalars are degenerate tasks
             return self._commit(plan, seed, values_, glue, cur, operands, i, tuple(out.shape))
         return None
 
