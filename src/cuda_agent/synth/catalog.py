@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .worker import random_ops
 
@@ -52,6 +52,12 @@ class ArgSpec(BaseModel):
     as_tuple: bool = False             # wrap the resolved value as a 1-tuple
     keyword: bool = False
 
+    @field_validator("value", "choices", mode="after")
+    @classmethod
+    def _tuples(cls, v: Any) -> Any:
+        """JSON has no tuples: read lists back as tuples so a catalog file renders the same code."""
+        return _as_tuple(v)
+
     def resolve(self, shape: tuple[int, ...], rng: random.Random | None) -> Any:
         if self.from_dim is not None:
             v: Any = int(shape[self.from_dim])
@@ -63,6 +69,10 @@ class ArgSpec(BaseModel):
         else:
             v = self.value
         return (v,) if self.as_tuple else v
+
+
+def _as_tuple(v: Any) -> Any:
+    return tuple(_as_tuple(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
 class SeedOp(BaseModel):

@@ -158,26 +158,27 @@ class Worker:
         self._rep = rep_r
         self._buf = b""
         ready = self._read_line(time.monotonic() + cfg.startup_timeout_s)
-        if ready is None:
+        if not isinstance(ready, dict):
             tail = self.proc.log_tail(2000)
             self.close()
             raise RuntimeError(f"synth worker {self.slot} did not start:\n{tail}")
 
-    def _read_line(self, deadline: float) -> dict | None:
+    def _read_line(self, deadline: float) -> dict | str:
+        """The next reply, or "eof" (the process closed its end: it died) or "deadline"."""
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                return None
+                return "deadline"
             ready, _, _ = select.select([self._rep], [], [], min(left, 0.5))
             if not ready:
                 if self.proc is not None and self.proc.rss_mb() > self.config.memory_limit_mb:
                     raise MemoryError(f"worker exceeded {self.config.memory_limit_mb} MiB")
                 if self.proc is not None and not self.proc.alive():
-                    return None
+                    return "eof"
                 continue
             chunk = os.read(self._rep, 1 << 20)
             if not chunk:
-                return None
+                return "eof"
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         return json.loads(line)
@@ -193,22 +194,23 @@ class Worker:
         except MemoryError as exc:
             self.close()
             return CheckResult(accepted=False, rejection=Rejection(filter="crash", message=str(exc)))
-        except (BrokenPipeError, OSError, json.JSONDecodeError) as exc:
-            reply = None
-            why = f"{type(exc).__name__}: {exc}"
-        else:
-            why = ""
-        if reply is None:
-            alive = self.proc is not None and self.proc.alive()
-            tail = self.proc.log_tail(1500) if self.proc is not None else ""
-            exit_desc = "" if alive else (self.proc.exit_description() if self.proc is not None else "")
+        except (OSError, json.JSONDecodeError) as exc:   # broken pipe: it died while we wrote
+            reply = f"{type(exc).__name__}: {exc}"
+        if isinstance(reply, dict):
+            return CheckResult.model_validate(reply)
+        proc = self.proc
+        if reply == "deadline":
             self.close()
-            if alive:
-                return CheckResult(accepted=False, rejection=Rejection(
-                    filter="timeout", message=f"checks ran past {cfg.timeout_s:g} s"))
             return CheckResult(accepted=False, rejection=Rejection(
-                filter="crash", message=f"worker died ({exit_desc or why}): {tail[-800:]}"))
-        return CheckResult.model_validate(reply)
+                filter="timeout", message=f"checks ran past {cfg.timeout_s:g} s"))
+        try:
+            proc.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - still exiting: close() kills it
+            pass
+        how = proc.exit_description() if not proc.alive() else reply
+        tail = proc.log_tail(1500)
+        self.close()
+        return CheckResult(accepted=False, rejection=Rejection(filter="crash", message=f"worker died ({how}): {tail[-800:]}"))
 
     def close(self) -> None:
         if self.proc is not None:
