@@ -19,6 +19,8 @@ import inspect
 import json
 import math
 import random
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -590,11 +592,32 @@ def read_catalog(path: str | Path) -> list[SeedOp]:
     return out
 
 
-def load_or_crawl(path: str | Path | None, **kwargs) -> list[SeedOp]:
-    """Read the catalog at `path` if it exists, else crawl and write it there."""
-    if path is not None and Path(path).exists():
-        return read_catalog(path)
-    seeds, _ = crawl(**kwargs)
-    if path is not None:
-        write_catalog(path, seeds)
-    return seeds
+def load_or_crawl(path: str | Path, timeout_s: float = 1800.0) -> list[SeedOp]:
+    """Read the catalog at `path`, crawling into it first if it does not exist.
+
+    The crawl runs in a child process: probing calls hundreds of torch functions, and importing
+    torch's testing registry (`op_db`) changes global torch flags (it freezes the cuDNN/TF32
+    settings the judge sets), so none of it may happen in the pipeline's own process.
+    """
+    path = Path(path)
+    if not path.exists():
+        proc = subprocess.run([sys.executable, "-m", "cuda_agent.synth.catalog", str(path)], capture_output=True,
+                              text=True, timeout=timeout_s)
+        if proc.returncode != 0 or not path.exists():
+            raise RuntimeError(f"seed-operator crawl failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return read_catalog(path)
+
+
+def main(argv: list[str]) -> int:
+    """python -m cuda_agent.synth.catalog OUT.jsonl [--no-transformers] [--no-op-db]"""
+    if not argv or argv[0].startswith("-"):
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    seeds, report = crawl(include_transformers="--no-transformers" not in argv, use_op_db="--no-op-db" not in argv)
+    write_catalog(argv[0], seeds)
+    print(report.model_dump_json(indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -31,7 +31,7 @@ from cuda_agent.tasks import TaskError, validate_reference_source
 
 from .catalog import SeedOp, base_namespace
 
-BATCH_RE = re.compile(r"^BATCH = (\d+)\s*$", re.MULTILINE)
+BATCH_RE = re.compile(r"^BATCH = (\d+)[ \t]*$", re.MULTILINE)
 
 
 class ComposeError(ValueError):

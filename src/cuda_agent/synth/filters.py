@@ -45,6 +45,7 @@ FILTERS: dict[str, str] = {
     "timeout": "the checks ran past the per-task time limit",
     "random_op": "random ops at run time (dropout in train mode, torch.rand*, RNG consumed)",
     "nondeterministic": "two identical runs give different outputs",
+    "output_too_large": "outputs larger than the judge accepts (max_output_mb)",
     "train_eval_mismatch": "train() and eval() outputs differ",
     "nonfinite": "NaN or Inf in the output",
     "constant_output": "the output is constant",
@@ -89,6 +90,7 @@ class FilterConfig(BaseModel):
     n_timed: int = 10
     timing_budget_s: float = Field(10.0, description="stop timing early once this much time was spent")
     max_input_mb: float = Field(2048.0, description="rescaling never makes the inputs larger than this")
+    max_output_mb: int = Field(2048, description="largest total output (the judge's max_output_mb default)")
     threads_per_worker: int = Field(1, description="torch CPU threads in each worker")
     memory_limit_mb: int = Field(16384, description="resident memory of one worker (killed above)")
     startup_timeout_s: float = 120.0

@@ -12,6 +12,7 @@ Checks, in order (the first failure is the verdict):
   random_op              no op tagged `nondeterministic_seeded` runs and the RNG state is untouched
   nondeterministic       two runs on identical inputs give identical outputs
   train_eval_mismatch    train() and eval() give the same output
+  output_too_large       outputs beyond the judge's max_output_mb
   nonfinite, constant_output, input_independent, degenerate (the judge's own warnings)
   unused_parameter, unused_input   gradient, then perturbation, for what got no gradient
   runtime_window         eager median in [min_ms, max_ms], BATCH rescaled toward it first
@@ -174,6 +175,9 @@ def value_checks(r: Runner, cfg: dict, full: bool) -> dict:
     again = r.run(model, xs, "second run")
     if not _same(out, again, cfg["det_rel"]):
         raise Reject("nondeterministic", "two runs on identical inputs give different outputs")
+    out_mb = sum(o.numel() * o.element_size() for o in out) / 2**20
+    if out_mb > cfg["max_output_mb"]:
+        raise Reject("output_too_large", f"outputs take {out_mb:.0f} MiB > {cfg['max_output_mb']} MiB (the judge's limit)")
     model.eval()
     ev = r.run(model, xs, "eval-mode run")
     model.train()
@@ -267,10 +271,13 @@ def eager_ms(r: Runner, cfg: dict) -> float:
     return statistics.median(times)
 
 
-def _io_mb(r: Runner) -> float:
+def _per_sample_mb(r: Runner, batch: int) -> float:
+    """The larger of input and output memory per sample (both grow with BATCH)."""
     torch = r.torch
     xs = r.inputs(INPUT_SEEDS[0])
-    return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor)) / 2**20
+    in_mb = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor)) / 2**20
+    out_mb = sum(o.numel() * o.element_size() for o in r.run(r.model(), xs)) / 2**20
+    return max(in_mb / max(1, batch), out_mb / max(1, batch), 1e-9)
 
 
 def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int]]:
@@ -286,8 +293,8 @@ def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int
         if lo <= ms <= hi or not batches:
             break
         batch = batches[-1]
-        per_sample_mb = _io_mb(r) / batch
-        limit = max(1, int(cfg["max_input_mb"] / max(per_sample_mb, 1e-9)))
+        per_sample_mb = _per_sample_mb(r, batch)
+        limit = max(1, int(min(cfg["max_input_mb"], cfg["max_output_mb"]) / per_sample_mb))
         new = max(1, min(limit, round(batch * target / max(ms, 1e-6))))
         if new == batch:
             break
