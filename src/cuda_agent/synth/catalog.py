@@ -16,7 +16,6 @@ ops whose parameters no rule names (they are counted in `CrawlReport.skipped`).
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import random
 import subprocess

@@ -21,7 +21,6 @@ import json
 import os
 import queue
 import select
-import threading
 import time
 from pathlib import Path
 from typing import Literal
@@ -237,7 +236,6 @@ class WorkerPool:
         self._all = [Worker(config, i) for i in range(size)]
         for w in self._all:
             self._idle.put(w)
-        self._lock = threading.Lock()
 
     def check(self, source: str) -> CheckResult:
         w = self._idle.get()

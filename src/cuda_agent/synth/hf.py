@@ -59,7 +59,6 @@ def _prov(qualname: str) -> dict[str, str]:
 
 def transformers_specs(report: CrawlReport) -> Iterable[SeedOp]:
     try:
-        import transformers  # noqa: F401
         from transformers import activations
     except Exception:  # optional dependency: without it the catalog is torch-only
         return
