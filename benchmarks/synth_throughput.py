@@ -89,7 +89,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-ms", type=float, default=None)
     ap.add_argument("--max-ms", type=float, default=None)
-    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile filter")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="check torch.compile against eager (default: on for cuda, off for cpu)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--benchmark-dir", type=Path, default=None)
     ap.add_argument("--judge-sample", type=int, default=0, help="judge this many accepted tasks (reference as candidate)")
@@ -114,8 +115,8 @@ def main() -> int:
         fkw["min_ms"] = args.min_ms
     if args.max_ms is not None:
         fkw["max_ms"] = args.max_ms
-    if args.no_compile:
-        fkw["compile"] = False
+    if args.compile is not None:
+        fkw["compile"] = args.compile
     bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
     cfg = SynthConfig(n=args.n, out=args.out, seed=args.seed, workers=workers, benchmark_dir=bench,
                       compose={"profile": device}, filters=FilterConfig(**fkw))
