@@ -94,6 +94,15 @@ def test_a_crashing_or_hanging_task_costs_only_that_task():
         assert p.check(GOOD).accepted     # a fresh worker took over
 
 
+def test_worker_is_replaced_after_its_task_budget():
+    w = Worker(fast_config(tasks_per_worker=1), 0)
+    try:
+        assert w.check(GOOD).accepted and w.proc is None     # closed after one task
+        assert w.check(GOOD).accepted                         # and started afresh on demand
+    finally:
+        w.close()
+
+
 @pytest.mark.slow
 def test_compile_filter_keeps_a_matching_task_and_rejects_a_mismatch():
     mismatch = task("", "if torch.compiler.is_compiling():\n    return x * 2.0\nreturn x * 3.0")

@@ -93,6 +93,8 @@ class FilterConfig(BaseModel):
     threads_per_worker: int = Field(1, description="torch CPU threads in each worker")
     memory_limit_mb: int = Field(16384, description="resident memory of one worker (killed above)")
     startup_timeout_s: float = 120.0
+    tasks_per_worker: int = Field(200, description="replace a worker after this many tasks (compile caches, "
+                                                   "allocator state and leaks do not accumulate)")
 
     def payload(self) -> dict:
         d = self.model_dump()
@@ -134,6 +136,7 @@ class Worker:
         self.config, self.slot = config, slot
         self.proc = None
         self._buf = b""
+        self.done = 0
 
     def start(self) -> None:
         from cuda_agent.judge.sandbox import SandboxSpec, Sandboxed, new_workdir, python_argv
@@ -158,6 +161,7 @@ class Worker:
         self._req = os.fdopen(req_w, "w", buffering=1)
         self._rep = rep_r
         self._buf = b""
+        self.done = 0
         ready = self._read_line(time.monotonic() + cfg.startup_timeout_s)
         if not isinstance(ready, dict):
             tail = self.proc.log_tail(2000)
@@ -198,6 +202,9 @@ class Worker:
         except (OSError, json.JSONDecodeError) as exc:   # broken pipe: it died while we wrote
             reply = f"{type(exc).__name__}: {exc}"
         if isinstance(reply, dict):
+            self.done += 1
+            if reply.get("restart") or self.done >= cfg.tasks_per_worker:
+                self.close()
             return CheckResult.model_validate(reply)
         proc = self.proc
         if reply == "deadline":
