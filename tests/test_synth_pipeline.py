@@ -83,6 +83,8 @@ def test_cli_runs_resumes_and_prints_the_rejection_table(tmp_path, catalog_file)
     assert "removed by each filter" in first.stdout and "accepted" in first.stdout and "tasks/hour" in first.stdout
     before = read_records(out)
     assert sum(r.accepted for r in before) >= 3
+    with (out / "candidates.jsonl").open("a") as fh:
+        fh.write('{"index": 999, "se')                     # a line cut by an interrupted run
     second = _cli(["--n", "5", *common])
     assert second.returncode == 0, second.stderr[-3000:]
     after = read_records(out)

@@ -142,6 +142,8 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     done_before = len(records)
     progress.start(cfg.n, accepted)
     log = _log_path(out).open("a", encoding="utf-8")
+    if log.tell() and not _log_path(out).read_bytes().endswith(b"\n"):
+        log.write("\n")    # an interrupted run cut its last line: start the next one cleanly
 
     def record(rec: CandidateRecord) -> None:
         nonlocal accepted
@@ -154,7 +156,9 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     pending: dict[Future, CandidateRecord] = {}
     index = 0
     try:
-        with WorkerPool(cfg.filters, cfg.workers) as pool, ThreadPoolExecutor(cfg.workers) as ex:
+        # the pool closes first on the way out: an interrupt kills the workers instead of waiting
+        # for their tasks (those candidates are not recorded and are redone on resume)
+        with ThreadPoolExecutor(cfg.workers) as ex, WorkerPool(cfg.filters, cfg.workers) as pool:
             while True:
                 # keep every worker busy with one queued candidate behind it
                 while accepted + len(pending) < cfg.n + cfg.workers and len(pending) < 2 * cfg.workers \
