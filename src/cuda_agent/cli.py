@@ -132,8 +132,10 @@ def bench_cmd(
 
 
 from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)
+from cuda_agent.synth.cli import synth_cmd  # noqa: E402  (defined with the synth package)
 
 _register_agent(app)
+app.command("synth")(synth_cmd)
 
 
 def main() -> None:  # pragma: no cover
