@@ -372,7 +372,7 @@ def chat(cfg: LLMConfig, messages: list[dict[str, str]], seed: int | None = None
     try:
         from openai import OpenAI
     except ImportError:
-        raise ComposeError("the LLM composer needs the 'openai' package (pip install 'cuda-agent[llm]')") from None
+        raise ComposeError("the LLM composer needs the 'openai' package (pip install openai)") from None
     client = OpenAI(base_url=cfg.base_url, api_key=os.environ.get(cfg.api_key_env) or "none",
                     timeout=cfg.timeout_s, max_retries=1)
     kwargs = {"seed": seed} if seed is not None else {}
