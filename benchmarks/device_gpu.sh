@@ -26,7 +26,30 @@ case "$stage" in
     done
     ;;
   tier)
-    timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tier.log"
+    # A few workers at most: the timing checks need the GPU mostly to themselves.
+    par=""
+    python3 -c "import xdist" 2>/dev/null && par="-n ${TIER_WORKERS:-3}"
+    timeout ${TIER_TIMEOUT:-560} python3 -m pytest -q -m gpu $par -p no:cacheprovider tests > "$out/gpu_tier.log" 2>&1
+    grep -E "passed|failed|^FAILED|^ERROR" "$out/gpu_tier.log" | tail -60
+    ;;
+  plane)
+    timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
+    ;;
+  steps)
+    # The judge-step figures in one call: the workspace form (where the targets apply) first.
+    timeout ${WS_TIMEOUT:-140} python3 benchmarks/judge_step.py --form workspace --runs ${RUNS:-5} \
+      --out "$out/judge_step_workspace.json" > "$out/judge_step_workspace.log" 2>&1
+    grep -E "run|│" "$out/judge_step_workspace.log" | cut -c1-700
+    timeout ${PLANE_TIMEOUT:-60} python3 benchmarks/gpu_plane_check.py > "$out/gpu_plane.log" 2>&1
+    cut -c1-700 "$out/gpu_plane.log"
+    timeout ${FILE_TIMEOUT:-80} python3 benchmarks/judge_step.py --form file --runs ${FILE_RUNS:-3} -c compile_mode=none \
+      --out "$out/judge_step_file.json" > "$out/judge_step_file.log" 2>&1
+    grep -E "run|│" "$out/judge_step_file.log" | cut -c1-700
+    ;;
+  probe)
+    # Where the time of a judge step goes: both forms, cold and warm, per phase and per compiled file.
+    timeout 520 python3 benchmarks/judge_step.py --runs ${RUNS:-3} --out "$out/judge_step.json" > "$out/judge_step.log" 2>&1
+    cat "$out/judge_step.log" | cut -c1-400
     ;;
   step)
     timeout 560 python3 benchmarks/judge_step.py --runs 5 --out "$out/judge_step.json" 2>&1 | tee "$out/judge_step.log"

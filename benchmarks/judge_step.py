@@ -4,23 +4,20 @@ An RL step waits on the judge, so this is the number that bounds training throug
 an L1-size task of the bundled suite (--task, or the first level-1 task that has both a single-file
 and a workspace solution; failing that, the first level-1 task with each form). Two modes:
 
-* cold: what a fresh rollout costs. Every run sees a new source, so nothing can come from the
-  build cache: a uuid comment is added to every kernels/* file of a workspace; for a single file,
-  to the first triple-quoted string assigned to a cuda/cpp source name, plus a '# <uuid>' line at
-  the end of the module (a single file without such a string is reported as not measurable).
-  Every run also gets a new, empty cache directory, so the eager and torch.compile baselines are
-  measured again. Each cold run gets its own `Judge`, because the cache directory is part of its
-  frozen config; the time to construct it is recorded apart (`judge_init_s`), outside `judge_s`.
-* warm: the same candidate judged again by one long-lived `Judge` whose build and baselines are
+* cold: the step after an agent edits its kernels. Every run sees a new source, so nothing can
+  come from the build cache: a uuid comment is added to every kernels/* file of a workspace; for
+  a single file, to the first triple-quoted string assigned to a cuda/cpp source name, plus a
+  '# <uuid>' line at the end of the module (a single file without such a string is reported as
+  not measurable). The eager and torch.compile baselines are cached (they depend on the task,
+  not on the candidate), and ninja's persistent build folder keeps the fixed binding.cpp object.
+* warm: the same candidate judged again by the long-lived `Judge` whose build and baselines are
   already cached (one priming evaluation, not counted, fills the cache).
 
 The figure reported is `verdict.judge_s`, the judge's own clock for the whole step; the wall
 time around `evaluate` is recorded as well, as a check on it.
 
-What is not controlled: caches outside the judge's cache directory (the OS page cache, nvcc's and
-the compiler driver's own state). For cold runs TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR are
-pointed at the fresh directory too, which takes effect only where the judge's baseline process
-inherits this environment.
+Each record also has the judge's phases (`phase_s`: build, baseline, start, calls) and, for
+builds, the seconds of each compiled file from ninja's log (`compile_units_s`).
 
 The table gives median/min/max of judge_s, the median build time, how many runs hit the build
 cache and how many were correct, next to the published ~55 s of the released CUDA Agent workspace.
@@ -204,7 +201,28 @@ def open_judge(Judge, config):
             close()
 
 
-def record(verdict, wall_s: float, **extra) -> dict:
+def compile_units(since: float) -> dict[str, float]:
+    """Seconds per compiled file of the builds that finished after `since` (from ninja's own log in
+    the judge's build folders): where a cold build spends its time."""
+    from cuda_agent.judge.harness import _work_root
+
+    out: dict[str, float] = {}
+    for log in (_work_root() / "build").glob("*/out/.ninja_log"):
+        if log.stat().st_mtime < since:
+            continue
+        last: dict[str, float] = {}
+        for line in log.read_text(errors="replace").splitlines()[1:]:
+            parts = line.split("\t")
+            if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit():
+                last[parts[3]] = (int(parts[1]) - int(parts[0])) / 1e3
+        for target, secs in last.items():
+            obj = log.parent / target
+            if obj.exists() and obj.stat().st_mtime >= since:
+                out[target] = round(secs, 2)
+    return out
+
+
+def record(verdict, wall_s: float, since: float, **extra) -> dict:
     summary = verdict.summary()
     return {
         "judge_s": verdict.judge_s,
@@ -219,17 +237,20 @@ def record(verdict, wall_s: float, **extra) -> dict:
         "eager_ms": summary.get("eager_ms"),
         "compile_ms": summary.get("compile_ms"),
         "candidate_hash": verdict.candidate_hash,
+        "phase_s": dict(verdict.phase_s),
+        "compile_units_s": compile_units(since),
         **extra,
     }
 
 
 def evaluate(judge, task, candidate, **extra) -> dict:
     t0 = time.perf_counter()
+    since = time.time()
     try:
         verdict = judge.evaluate(task, candidate)
     except Exception as exc:  # a judge bug: keep measuring the rest, but say so
         return {"error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0, **extra}
-    return record(verdict, time.perf_counter() - t0, **extra)
+    return record(verdict, time.perf_counter() - t0, since, **extra)
 
 
 def run_cold(judge, task, candidate, runs: int, log) -> dict:
@@ -266,6 +287,10 @@ def describe(rec: dict) -> str:
     parts = [f"judge_s={t:.2f}" if t is not None else "judge_s=None",
              f"build_s={rec['build_s']:.2f}" if rec.get("build_s") is not None else "build_s=None",
              f"cached={rec.get('build_cached')}", f"correct={rec.get('correct')}"]
+    if rec.get("phase_s"):
+        parts.append("phases " + " ".join(f"{k}={v:.2f}" for k, v in rec["phase_s"].items()))
+    if rec.get("compile_units_s"):
+        parts.append("units " + " ".join(f"{k}={v:.1f}" for k, v in rec["compile_units_s"].items()))
     if rec.get("failure"):
         parts.append(f"failure={rec['failure'].get('category')}: {rec['failure'].get('message', '')[:80]}")
     return ", ".join(parts)

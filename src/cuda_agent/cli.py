@@ -198,6 +198,13 @@ def runs_cmd(db: Annotated[Optional[Path], typer.Option("--db", help="results da
             typer.echo(f"{info.name}\t{info.device}\t{count} verdicts\t{info.spec}")
 
 
+from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)
+from cuda_agent.synth.cli import synth_cmd  # noqa: E402  (defined with the synth package)
+
+_register_agent(app)
+app.command("synth")(synth_cmd)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

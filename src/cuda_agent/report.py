@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.table import Table
 
@@ -33,6 +35,12 @@ def print_verdict(v: Verdict) -> None:
         console.print(f"  [yellow]note[/yellow]: {w}")
     build = "-" if v.build_s is None else f"{v.build_s:.1f} s{' (cached)' if v.build_cached else ''}"
     console.print(f"  build {build}, judged in {v.judge_s or 0:.1f} s, {v.n_checked} outputs checked")
+
+
+def geomean(xs: list[float | None]) -> float | None:
+    """Geometric mean of the positive values (None and non-positive ones are skipped); None if none."""
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def _pct(x: float | None) -> str:

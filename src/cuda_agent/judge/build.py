@@ -6,6 +6,10 @@ the candidate's but the compiler on its sources. Each extension has a persistent
 Finished libraries are copied by the judge into a cache keyed by everything that determines the
 binary (sources, flags, arch, torch/CUDA/compiler versions): an unchanged candidate never
 recompiles, and the cache is written only by the judge, never by candidate code.
+
+Workspace builds also get a precompiled `binding_registry.h` (torch's headers and pybind11, the
+bulk of every binding file's compile time), made once per toolchain and flag set from the fixed
+header, and placed next to the header so gcc uses it for any file that includes it first.
 """
 
 from __future__ import annotations
@@ -188,6 +192,8 @@ class Builder:
         self.jobs = jobs or os.cpu_count() or 2
         self.fingerprint = toolchain_fingerprint(arch)
         self.zygote = zygote  # callable returning a Zygote (or None): saves the interpreter start
+        self.pch_root = work_root / "pch"
+        self._pch_failed: set[str] = set()
 
     def lookup(self, spec: BuildSpec) -> Path | None:
         lib = self.lib_dir / spec.key(self.fingerprint) / f"{spec.name}.so"
@@ -211,6 +217,7 @@ class Builder:
             if cached:
                 return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key)
             self._sync_sources(bdir / "src", spec)
+            self._attach_pch(bdir / "src", self._pch(spec))
             self._run(bdir, spec)
             built = bdir / "out" / f"{spec.name}.so"
             if not built.exists():
@@ -248,6 +255,54 @@ class Builder:
             if not path.exists() or path.read_text(errors="replace") != text:
                 path.write_text(text)
 
+    def _pch(self, spec: BuildSpec) -> Path | None:
+        """The precompiled binding header for this spec's flags, made on first use (None: none)."""
+        header = dict(spec.sources).get("binding_registry.h")
+        if header is None:
+            return None
+        key = hashlib.sha256(json.dumps([self.fingerprint, spec.name, spec.cflags, spec.cuda_cflags, spec.ldflags,
+                                         spec.with_cuda, header]).encode()).hexdigest()[:20]
+        pdir = self.pch_root / key
+        gch = pdir / "binding_registry.h.gch"
+        if gch.exists() or key in self._pch_failed:
+            return gch if gch.exists() else None
+        self.pch_root.mkdir(parents=True, exist_ok=True)
+        with open(self.pch_root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if gch.exists():
+                return gch
+            pdir.mkdir(exist_ok=True)
+            (pdir / "binding_registry.h").write_text(header)
+            job = {"name": spec.name, "sources": [], "cflags": list(spec.cflags), "cuda_cflags": list(spec.cuda_cflags),
+                   "ldflags": list(spec.ldflags), "include": [str(pdir)], "build_directory": str(pdir),
+                   "with_cuda": spec.with_cuda, "header": str(pdir / "binding_registry.h")}
+            try:
+                self._run_job(pdir, job)
+            except BuildError:  # builds still work, only slower: say nothing, try once per judge
+                self._pch_failed.add(key)
+                return None
+            finally:
+                for name in ("probe.cpp", "probe.ninja", "job.json"):
+                    (pdir / name).unlink(missing_ok=True)
+            if gch.exists():
+                if os.geteuid() == 0:  # made under the build uid; from now on read-only to it
+                    for path in (pdir, *pdir.iterdir()):
+                        os.chown(path, 0, 0)
+                        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+                return gch
+        self._pch_failed.add(key)
+        return None
+
+    @staticmethod
+    def _attach_pch(src: Path, gch: Path | None) -> None:
+        dest = src / "binding_registry.h.gch"
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        if gch is None:
+            return
+        # A symlink: the build folder is chowned to the build uid, which must not own the shared file.
+        dest.symlink_to(gch)
+
     def _run(self, bdir: Path, spec: BuildSpec) -> None:
         src = bdir / "src"
         compiled = [str(src / rel) for rel, _ in spec.sources if rel.endswith((".cu", ".cpp", ".cc"))]
@@ -258,6 +313,10 @@ class Builder:
             "with_cuda": spec.with_cuda,
         }
         (bdir / "out").mkdir(exist_ok=True)
+        self._run_job(bdir, job)
+
+    def _run_job(self, bdir: Path, job: dict) -> None:
+        src = bdir / "src"
         (bdir / "job.json").write_text(json.dumps(job))
         env = {"MAX_JOBS": str(self.jobs)}
         if self.arch:

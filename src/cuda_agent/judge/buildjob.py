@@ -9,23 +9,62 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import shlex
+import subprocess
 import sys
+from pathlib import Path
+
+
+def _common_kwargs(job: dict) -> dict:
+    return dict(
+        name=job["name"], sources=job["sources"], extra_cflags=job["cflags"],
+        extra_cuda_cflags=job["cuda_cflags"], extra_sycl_cflags=[], extra_ldflags=job["ldflags"],
+        extra_include_paths=job["include"], build_directory=job["build_directory"], verbose=False,
+        with_cuda=job["with_cuda"], with_sycl=False, is_standalone=False,
+    )
+
+
+def _accepted(fn, kwargs: dict) -> dict:
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def make_pch(ce, job: dict) -> int:
+    """Precompile the fixed binding header with exactly the compile line torch writes for the
+    extension's C++ files (read from a probe ninja file), so gcc accepts it for those files."""
+    out = Path(job["build_directory"])
+    header = Path(job["header"])
+    probe = out / "probe.cpp"
+    probe.write_text(f'#include "{header.name}"\n')
+    ninja = out / "probe.ninja"
+    kwargs = _common_kwargs(job) | {"path": str(ninja), "sources": [str(probe)]}
+    ce._write_ninja_file_to_build_library(**_accepted(ce._write_ninja_file_to_build_library, kwargs))
+    var = {}
+    for line in ninja.read_text().splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and key in ("cxx", "cflags", "post_cflags"):
+            var[key] = value
+    tmp = out / f"{header.name}.gch.tmp"
+    cmd = (shlex.split(var.get("cxx", "c++")) + shlex.split(var.get("cflags", "")) + ["-x", "c++-header", str(header),
+           "-o", str(tmp)] + shlex.split(var.get("post_cflags", "")))
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"PCH FAILED: {res.stderr[-4000:]}", file=sys.stderr)
+        return 1
+    os.rename(tmp, out / f"{header.name}.gch")
+    return 0
 
 
 def main(job_path: str) -> int:
     job = json.loads(open(job_path).read())
     import torch.utils.cpp_extension as ce
 
+    if job.get("header"):
+        return make_pch(ce, job)
     builder = ce._write_ninja_file_and_build_library
-    kwargs = dict(
-        name=job["name"], sources=job["sources"], extra_cflags=job["cflags"],
-        extra_cuda_cflags=job["cuda_cflags"], extra_sycl_cflags=[], extra_ldflags=job["ldflags"],
-        extra_include_paths=job["include"], build_directory=job["build_directory"], verbose=False,
-        with_cuda=job["with_cuda"], with_sycl=False, is_standalone=False,
-    )
-    accepted = inspect.signature(builder).parameters
     try:
-        builder(**{k: v for k, v in kwargs.items() if k in accepted})
+        builder(**_accepted(builder, _common_kwargs(job)))
     except Exception as exc:  # the compiler output is already in the log; say why in one line
         print(f"BUILD FAILED: {type(exc).__name__}: {str(exc)[-20000:]}", file=sys.stderr)
         return 1

@@ -37,7 +37,8 @@ from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBa
 from .build import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
-from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError
+from .cudaipc import CudaIpcError, SharedGpuBuffer
+from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
 from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import reconcile, summarize
@@ -104,9 +105,14 @@ class _Setup:
 
 
 class _Session:
-    def __init__(self, proc: Sandboxed, chan: Channel, plane: DataPlane):
-        self.proc, self.chan, self.plane = proc, chan, plane
+    def __init__(self, proc: Sandboxed, chan: Channel, plane: DataPlane, shared: SharedGpuBuffer | None = None):
+        self.proc, self.chan, self.plane, self.shared = proc, chan, plane, shared
         self.ready: dict = {}
+
+    @property
+    def calls(self):
+        """The region per-call inputs and outputs go through: shared GPU memory, else the host plane."""
+        return self.shared.tensor if self.shared is not None else self.plane.view
 
     def close(self) -> None:
         try:
@@ -116,6 +122,9 @@ class _Session:
         self.chan.close()
         self.proc.cleanup()
         self.plane.close()
+        if self.shared is not None:  # freed only now that the process that mapped it is gone
+            self.shared.close()
+            self.shared = None
 
 
 def _scratch_verdict(task: Task) -> Verdict:
@@ -179,6 +188,8 @@ class Judge:
         self.uid = (config.sandbox_uid or 61000 + os.getpid() % 4000) if is_root() else None
         self.work_root = _work_root()
         self._zygote: Zygote | None = None
+        self._spare: tuple[Sandboxed, socket.socket] | None = None  # a worker started ahead of need
+        self._launches = 0
         # Builds run under their own uid: cleaning up after a build kills every process of its uid,
         # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
@@ -196,6 +207,7 @@ class Judge:
                           compile_mode=None if self.config.compile_mode == "none" else self.config.compile_mode,
                           versions={"torch": torch.__version__, "cuda": str(torch.version.cuda)})
         self._live: list[Sandboxed] = []
+        self._gpu_plane_problem: str | None = None
         self._build_failure: Failure | None = None  # a load_inline build the candidate asked for failed
         try:
             self._evaluate(task, candidate, verdict, t0)
@@ -214,6 +226,9 @@ class Judge:
             for proc in self._live:
                 proc.cleanup()
             self._live = []
+        if self._gpu_plane_problem:
+            verdict.notes.append(f"per-call tensors went through host memory (GPU sharing unavailable: "
+                                 f"{self._gpu_plane_problem}); the judge's clock is coarser")
         if self._integrity != _package_files():
             verdict.failure = Failure(category=FC.TAMPERING, message="the judge's own files changed during the run")
             self._integrity = _package_files()
@@ -226,6 +241,8 @@ class Judge:
 
     def close(self) -> None:
         self._references.clear()
+        self._drop_spare(self._spare)
+        self._spare = None
         if self._zygote is not None:
             self._zygote.close()
             self._zygote = None
@@ -260,9 +277,10 @@ class Judge:
         setup = self._setup(task, ref, secrets.randbits(31))
         v.seeds = {"init": setup.init_seed}
         t_phase = time.monotonic()
-        built_before = v.phase_s.get("build") or 0.0  # a workspace was built above, not during the start
+        built_before = v.phase_s.get("build") or 0.0
         session = self._start(task, cand.model_new, library, setup, v, deadline, trusted=False)
         v.isolation = session.proc.isolation
+        # load_inline builds happen while the candidate starts; they count as build, not start
         v.phase_s["start"] = time.monotonic() - t_phase - ((v.phase_s.get("build") or 0.0) - built_before)
         try:
             if session.ready.get("unmatched"):
@@ -315,14 +333,21 @@ class Judge:
         # The output half holds exactly what a correct candidate returns (plus slack); anything
         # larger is wrong anyway and is reported as such by the candidate's own harness.
         plane = DataPlane.create(setup.in_bytes, setup.out_bytes + (1 << 20))
+        shared = None
         if self.device == "cuda":
-            plane.pin()
+            try:
+                shared = SharedGpuBuffer.create(plane.size)
+            except CudaIpcError as exc:
+                self._gpu_plane_problem = str(exc)
+                plane.pin()
         try:
             proc, chan = self._spawn(task, model_new, plane, library)
         except BaseException:
             plane.close()
+            if shared is not None:
+                shared.close()
             raise
-        session = _Session(proc, chan, plane)
+        session = _Session(proc, chan, plane, shared)
         try:
             init_meta = pack(setup.init_args, plane.view, 0, plane.in_size)
             init_end = max([m["offset"] + m.get("nbytes", 0) for m in init_meta if m["t"] == "tensor"] + [0])
@@ -333,9 +358,16 @@ class Judge:
                        "library": str(proc.spec.workdir / "cuda_extension.so") if library else None,
                        "init_args": init_meta, "state": state_meta, "state_names": setup.state_names,
                        "init_seed": setup.init_seed, "flush": cfg.flush_l2, "trusted": trusted,
-                       "poison_bytes": setup.out_bytes if self.device == "cuda" else 0})
+                       "poison_bytes": setup.out_bytes if self.device == "cuda" else 0,
+                       "gpu_plane": shared.handle.hex() if shared is not None else None})
             session.ready = self._serve_init(chan, proc, v if v is not None else _scratch_verdict(task),
                                              min(deadline, time.monotonic() + cfg.init_timeout_s))
+            if shared is not None and session.ready.get("gpu_plane") is not True:
+                # The process could not map the GPU region: calls go through the host plane.
+                self._gpu_plane_problem = str(session.ready.get("gpu_plane_error"))[:300]
+                shared.close()
+                session.shared = None
+                plane.pin()
             proc.probe_isolation()
         except BaseException:
             session.close()
@@ -364,7 +396,7 @@ class Judge:
                 with torch.no_grad():
                     expected = _to_list(setup.ref_model(*inputs))
                 if role == "check":
-                    expected_checks.append([e.detach().cpu() if isinstance(e, torch.Tensor) else e for e in expected])
+                    expected_checks.append([e.detach() if isinstance(e, torch.Tensor) else e for e in expected])
             if dev == "cuda":
                 torch.cuda.synchronize()
             if idle_mark is not None:
@@ -379,7 +411,9 @@ class Judge:
             # The clock starts before the inputs exist anywhere the candidate can read them.
             cpu_before = _cpu_ns(proc.pid) if dev == "cpu" else 0
             t_send = time.perf_counter()
-            meta = pack(inputs, plane.view, 0, plane.in_size)
+            meta = pack(inputs, session.calls, 0, plane.in_size)
+            if session.shared is not None:
+                torch.cuda.synchronize()  # the inputs are in place before the process hears of them
             chan.send({"op": "call", "index": i, "inputs": meta, "record": judged and i in recorded})
             reply = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
             wall_ms = (time.perf_counter() - t_send) * 1e3
@@ -389,7 +423,8 @@ class Judge:
             claimed = _num(reply.get("inside_ms"))
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
-                self._check_call(session, i, role, inputs, expected, reply, claimed, measured, v, recorded, deadline)
+                self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, v, recorded,
+                                 deadline)
             if role == "timed" and not (judged and i in recorded) and claimed is not None:
                 inside.append(claimed)
                 outside.append(measured)
@@ -403,15 +438,21 @@ class Judge:
             raise _Stop(FC.JUDGE, "too few timed calls to report a time")
         return inside, outside
 
-    def _check_call(self, session: "_Session", i: int, role: str, inputs: list, expected: list, reply: dict,
-                    claimed: float | None, measured: float, v: Verdict, recorded: set[int], deadline: float) -> None:
+    def _check_call(self, session: "_Session", i: int, role: str, inputs: list, meta: list, expected: list,
+                    reply: dict, claimed: float | None, measured: float, v: Verdict, recorded: set[int],
+                    deadline: float) -> None:
         cfg = self.config
         plane = session.plane
         self._blocked(reply, v)
         try:
-            got = unpack(reply.get("outputs"), plane.view, plane.out_offset, plane.out_size)
+            got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
+                         self.device if session.shared is not None else "cpu")
         except TransportError as exc:
             raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
+        if session.shared is not None:  # views of memory the candidate can still write: snapshot first
+            got = [g.clone() if isinstance(g, torch.Tensor) else
+                   tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in g) if isinstance(g, tuple) else g
+                   for g in got]
         cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2)
         if cmp.ok and len(expected) == 1 and isinstance(expected[0], torch.Tensor) \
                 and reply.get("structure") != "tensor":
@@ -423,11 +464,21 @@ class Judge:
         if not cmp.ok:
             raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}): {cmp.message}")
         v.n_checked += 1
-        # Every call's inputs come back (after its clock stopped) and are compared with what was sent.
-        session.chan.send({"op": "echo"})
-        echo = self._recv(session.chan, session.proc, min(deadline, time.monotonic() + cfg.call_timeout_s),
-                          f"call {i}")
-        self._check_echo(inputs, echo, plane, i)
+        # Every call's inputs come back (after its clock stopped) and are compared with what was sent:
+        # read in place from the shared GPU region, or asked for through the host plane.
+        if session.shared is not None:
+            back = unpack(meta, session.calls, 0, plane.in_size, self.device)
+        else:
+            session.chan.send({"op": "echo"})
+            echo = self._recv(session.chan, session.proc, min(deadline, time.monotonic() + cfg.call_timeout_s),
+                              f"call {i}")
+            if not echo.get("ok"):
+                raise _Stop(FC.RUNTIME, f"call {i}: reading back the inputs failed: {str(echo.get('message'))[:500]}")
+            try:
+                back = unpack(echo.get("echo"), plane.view, 0, plane.in_size)
+            except TransportError:
+                raise _Stop(FC.MISMATCH, f"call {i}: the candidate process did not return its inputs") from None
+        self._check_echo(inputs, back, i)
         if i in recorded:
             found = pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
             found += pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
@@ -531,29 +582,72 @@ class Judge:
         return ref
 
     def _spawn(self, task: Task, model_new: str, plane: DataPlane, library: Path | None):
-        workdir = new_workdir(self.work_root / "runs", "cand-")
+        zygote = self._get_zygote()
+        if zygote is None:
+            # A spare started ahead (torch imported, GPU context made); the next one starts now,
+            # under the other uid, so that cleaning up after this one cannot touch it.
+            spare, self._spare = self._spare, None
+            if spare is not None and not spare[0].alive():
+                self._drop_spare(spare)
+                spare = None
+            proc, sock = spare if spare is not None else self._launch()
+            try:
+                send_plane(sock, plane.fd, plane.size, plane.in_size)
+            except OSError:  # the spare died after all: start one for this task
+                self._drop_spare((proc, sock))
+                proc, sock = self._launch()
+                send_plane(sock, plane.fd, plane.size, plane.in_size)
+            self._live.append(proc)
+            self._spare = self._launch()
+        else:
+            proc, sock = self._launch(zygote, plane)
+            self._live.append(proc)
+        workdir = proc.spec.workdir
         (workdir / "model_new.py").write_text(model_new)
         (workdir / "model.py").write_text(task.source)
         if library is not None:
             shutil.copy2(library, workdir / "cuda_extension.so")
+        if proc.uid is not None:
+            for name in ("model_new.py", "model.py", "cuda_extension.so"):
+                if (workdir / name).exists():
+                    os.chown(workdir / name, proc.uid, proc.uid)
+        proc.reset_disk_baseline()
+        return proc, Channel(sock)
+
+    def _launch(self, zygote: Zygote | None = None, plane: DataPlane | None = None) -> tuple[Sandboxed, socket.socket]:
+        """A worker process with nothing of a task yet. Forked from the zygote, it gets the data
+        plane at once; started as a fresh interpreter, it waits for it (see `send_plane`)."""
+        workdir = new_workdir(self.work_root / "runs", "cand-")
         parent_sock, child_sock = socket.socketpair()
-        env = {}
         if self.device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
             # idle OpenMP threads must sleep, not spin: spinning would be charged to the next call
-            env["OMP_WAIT_POLICY"] = "PASSIVE"
+            env = {"CUDA_VISIBLE_DEVICES": "", "OMP_WAIT_POLICY": "PASSIVE"}
+        else:
+            env = {"CUDA_AGENT_PREINIT": "cuda"}
+        plane_args = (plane.fd, plane.size, plane.in_size) if plane is not None else (-1, 0, 0)
+        uid = self.uid
+        if self.uid is not None and zygote is None:
+            self._launches += 1
+            uid = self.uid + 10000 * (self._launches % 2)
         spec = SandboxSpec(
-            argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), str(plane.fd),
-                             str(plane.size), str(plane.in_size)),
-            workdir=workdir, uid=self.uid, pass_fds=(child_sock.fileno(), plane.fd), env=env,
+            argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), *map(str, plane_args)),
+            workdir=workdir, uid=uid, pass_fds=(child_sock.fileno(),) + ((plane.fd,) if plane else ()), env=env,
             address_space_mb=(self.config.memory_limit_mb + 8192) if self.device == "cpu" else None,
-            target="worker", target_args=[plane.size, plane.in_size])
+            target="worker", target_args=list(plane_args[1:]))
         try:
-            proc = Sandboxed(spec, self._get_zygote())
+            proc = Sandboxed(spec, zygote)
+        except BaseException:
+            parent_sock.close()
+            raise
         finally:
             child_sock.close()
-        self._live.append(proc)
-        return proc, Channel(parent_sock)
+        return proc, parent_sock
+
+    @staticmethod
+    def _drop_spare(spare) -> None:
+        if spare is not None:
+            spare[1].close()
+            spare[0].cleanup()
 
     def _recv(self, chan: Channel, proc: Sandboxed, deadline: float, what: str) -> dict:
         """Wait for a message while watching the process's health and memory."""
@@ -672,18 +766,13 @@ class Judge:
                       for x in inputs]
         return inputs
 
-    def _check_echo(self, sent: list, reply: dict, plane: DataPlane, i: int) -> None:
-        if not reply.get("ok"):
-            raise _Stop(FC.RUNTIME, f"call {i}: reading back the inputs failed: {str(reply.get('message'))[:500]}")
-        try:
-            back = unpack(reply.get("echo"), plane.view, 0, plane.in_size)
-        except TransportError:
-            raise _Stop(FC.MISMATCH, f"call {i}: the candidate process did not return its inputs") from None
+    @staticmethod
+    def _check_echo(sent: list, back: list, i: int) -> None:
         if len(back) != len(sent):
             raise _Stop(FC.MISMATCH, f"call {i}: the candidate process returned {len(back)} inputs, not {len(sent)}")
         for k, (a, b) in enumerate(zip(sent, back)):
             if isinstance(a, torch.Tensor):
-                a = a.detach().cpu()
+                a = a.detach().to(b.device) if isinstance(b, torch.Tensor) else a
                 if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype \
                         or not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
                     raise _Stop(FC.MISMATCH, f"call {i}: forward modified input {k} in place")

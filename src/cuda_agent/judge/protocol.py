@@ -143,3 +143,26 @@ class DataPlane:
 
 def _round(n: int) -> int:
     return (n + 4095) // 4096 * 4096
+
+
+PLANE_MESSAGE_BYTES = 128
+
+
+def receive_plane(sock: socket.socket) -> tuple[int, int, int]:
+    """The first message of a spare: the data plane's descriptor and sizes (fixed length, so the
+    protocol messages after it are left for the Channel)."""
+    data, fds, _, _ = socket.recv_fds(sock, PLANE_MESSAGE_BYTES, 1)
+    while len(data) < PLANE_MESSAGE_BYTES:
+        more = sock.recv(PLANE_MESSAGE_BYTES - len(data))
+        if not more:
+            raise EOFError("the judge closed the connection")
+        data += more
+    if len(fds) != 1:
+        raise RuntimeError("no data plane descriptor received")
+    hello = json.loads(data.rstrip(b" "))
+    return fds[0], int(hello["size"]), int(hello["in_size"])
+
+
+def send_plane(sock: socket.socket, fd: int, size: int, in_size: int) -> None:
+    data = json.dumps({"size": size, "in_size": in_size}).encode().ljust(PLANE_MESSAGE_BYTES, b" ")
+    socket.send_fds(sock, [data], [fd])

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,11 +110,17 @@ class Sandboxed:
                 log.close()
         self.pid = self.proc.pid
         self.started = time.monotonic()
-        self._disk_free0 = _free_mb(spec.workdir)
+        self._cleaned = False
+        self.reset_disk_baseline()
         if self.uid is not None:
             self.isolation.append(f"uid {self.uid}")
         if self.cgroup is not None:
             self.isolation.append(f"pids cgroup (max {spec.max_procs})")
+
+    def reset_disk_baseline(self) -> None:
+        """Count disk use from now (a process started ahead of its task must not be charged with
+        what the judge wrote meanwhile)."""
+        self._disk_free0 = _free_mb(self.spec.workdir)
 
     def probe_isolation(self) -> None:
         """Record network and system-call isolation as the kernel reports them (once running)."""
@@ -182,6 +189,11 @@ class Sandboxed:
                 break
 
     def cleanup(self, remove_workdir: bool = True) -> None:
+        # Once only: killing "every process of this uid" again later would hit a process started
+        # since under the same uid (the judge's next worker).
+        if self._cleaned:
+            return
+        self._cleaned = True
         self.kill()
         if self.cgroup is not None:
             _kill_cgroup(self.cgroup)
@@ -360,22 +372,36 @@ def _pids_cgroup(max_procs: int) -> str | None:
 
 
 def _kill_cgroup(path: str) -> None:
-    for _ in range(20):
+    """Kill every process of the cgroup now; remove the cgroup once they are gone. Removal waits
+    for the kernel to finish tearing the processes down (a GPU context takes a while), so it
+    happens in the background: the processes are already dead, nothing is left to wait for."""
+    if not _kill_cgroup_once(path):
+        threading.Thread(target=_reap_cgroup, args=(path,), daemon=True).start()
+
+
+def _kill_cgroup_once(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as fh:
+            pids = [int(x) for x in fh.read().split()]
+    except OSError:
+        pids = []
+    for pid in pids:
         try:
-            with open(os.path.join(path, "cgroup.procs")) as fh:
-                pids = [int(x) for x in fh.read().split()]
+            os.kill(pid, signal.SIGKILL)
         except OSError:
-            pids = []
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        try:
-            os.rmdir(path)
+            pass
+    try:
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
+
+
+def _reap_cgroup(path: str) -> None:
+    for _ in range(200):
+        time.sleep(0.05)
+        if _kill_cgroup_once(path) or not os.path.isdir(path):
             return
-        except OSError:
-            time.sleep(0.05)
 
 
 def _free_mb(path: Path) -> float:

@@ -1,4 +1,8 @@
-"""Raw tensor transport through a DataPlane region: JSON metadata plus bytes, no pickle."""
+"""Raw tensor transport: JSON metadata plus bytes in a shared region, no pickle.
+
+The region is either a memoryview (the host DataPlane) or a flat uint8 tensor (GPU memory shared
+with cudaipc): tensors are copied into it on their own device, and read back as views of it.
+"""
 
 from __future__ import annotations
 
@@ -26,24 +30,30 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise TransportError(f"unsupported dtype {dtype}") from None
 
 
-def pack(values, view: memoryview, base: int, limit: int) -> list[dict]:
+Region = "memoryview | torch.Tensor"
+
+
+def pack(values, view: Region, base: int, limit: int) -> list[dict]:
     """Write `values` (tensors or JSON scalars, possibly nested one level in tuples) at `base`.
 
     Returns metadata; tensors are written contiguous, 64-byte aligned.
     """
     meta = []
     offset = base
+    on_tensor = isinstance(view, torch.Tensor)
     for value in values:
         if isinstance(value, torch.Tensor):
             t = value.detach()
-            if t.device.type != "cpu":
+            if t.device.type != "cpu" and not on_tensor:
                 t = t.cpu()
             t = t.contiguous()
             nbytes = t.numel() * t.element_size()
             offset = (offset + 63) // 64 * 64
             if offset + nbytes > base + limit:
                 raise TransportError(f"values exceed the {limit >> 20} MiB transport limit")
-            if nbytes:
+            if nbytes and on_tensor:
+                view[offset: offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
+            elif nbytes:
                 view[offset: offset + nbytes] = memoryview(t.reshape(-1).view(torch.uint8).numpy())
             meta.append({"t": "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape),
                          "offset": offset, "nbytes": nbytes})
@@ -60,8 +70,10 @@ def pack(values, view: memoryview, base: int, limit: int) -> list[dict]:
     return meta
 
 
-def unpack(meta, view: memoryview, base: int, limit: int, device: str | torch.device = "cpu") -> list:
-    """Rebuild values from metadata, validating every field (the metadata may be hostile)."""
+def unpack(meta, view: Region, base: int, limit: int, device: str | torch.device = "cpu") -> list:
+    """Rebuild values from metadata, validating every field (the metadata may be hostile).
+
+    From a tensor region on `device` the tensors are views of the region (no copy)."""
     if not isinstance(meta, list) or len(meta) > 256:
         raise TransportError("bad value list")
     out = []
@@ -83,7 +95,7 @@ def unpack(meta, view: memoryview, base: int, limit: int, device: str | torch.de
     return out
 
 
-def _tensor(m: dict, view: memoryview, base: int, limit: int, device) -> torch.Tensor:
+def _tensor(m: dict, view: Region, base: int, limit: int, device) -> torch.Tensor:
     dtype = DTYPES.get(m.get("dtype"))
     shape = m.get("shape")
     offset, nbytes = m.get("offset"), m.get("nbytes")
@@ -100,6 +112,9 @@ def _tensor(m: dict, view: memoryview, base: int, limit: int, device) -> torch.T
         raise TransportError("tensor bytes out of range or inconsistent with its shape")
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=device)
+    if isinstance(view, torch.Tensor):
+        t = view[offset: offset + nbytes].view(dtype).reshape(shape)
+        return t if t.device == torch.device(device) else t.to(device)
     flat = torch.frombuffer(bytearray(view[offset: offset + nbytes]), dtype=torch.uint8)
     t = flat.view(dtype).reshape(shape)
     return t.to(device) if str(device) != "cpu" else t

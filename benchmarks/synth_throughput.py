@@ -1,0 +1,140 @@
+"""Throughput of `cuda-agent synth`: tasks generated and filtered per hour, and the sample itself.
+
+    python benchmarks/synth_throughput.py --n 300 --out /tmp/synth-h200              # GPU machine
+    python benchmarks/synth_throughput.py --n 20 --out /tmp/synth-cpu --device cpu --min-ms 0.05 --max-ms 50
+    python benchmarks/synth_throughput.py --n 300 --out /tmp/synth-h200 --judge-sample 300   # + judge check
+
+Runs the same pipeline as the CLI (resumable: rerunning continues the sample in --out), then
+prints tasks/hour and candidates/hour of this run, the per-filter rejection table, statistics of
+the accepted sample (ops per task, eager and compile times, seed-source mix, nearest-benchmark
+similarity) and writes them to OUT/throughput.json. The tasks stay in OUT (never in the repo).
+
+--judge-sample K runs the judge (lenient policy) on K accepted tasks with the reference itself as
+the candidate (its `Model` renamed `ModelNew`): a task that loads, builds, runs and verifies there
+passes the judge's reference checks; the judge's own task warnings (degenerate outputs) are
+counted too. --benchmark-dir decontaminates against a KernelBench checkout when one is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(p * (len(xs) - 1))))] if xs else float("nan")
+
+
+def sample_stats(out: Path) -> dict:
+    from cuda_agent.tasks import iter_parquet_tasks
+
+    tasks = list(iter_parquet_tasks(out / "tasks.parquet"))
+    eager = [float(t.metadata["eager_ms"]) for t in tasks if t.metadata.get("eager_ms") not in (None, "None")]
+    comp = [float(t.metadata["compile_ms"]) for t in tasks if t.metadata.get("compile_ms") not in (None, "None")]
+    sim = [float(t.metadata["benchmark_similarity"]) for t in tasks
+           if t.metadata.get("benchmark_similarity") not in (None, "None", "")]
+    ops = Counter(len(t.ops) for t in tasks)
+    kinds = Counter(op.split(".")[0] if not op.startswith("torch.") else "torch" for t in tasks for op in t.ops)
+    speed = [e / c for e, c in zip(eager, comp) if c > 0] if len(comp) == len(eager) else []
+    return {
+        "tasks": len(tasks),
+        "distinct_ops": len({op for t in tasks for op in t.ops}),
+        "ops_per_task": dict(sorted(ops.items())),
+        "op_sources": dict(kinds.most_common()),
+        "eager_ms": {"min": min(eager, default=None), "p10": _pct(eager, 0.1), "median": _pct(eager, 0.5),
+                     "p90": _pct(eager, 0.9), "max": max(eager, default=None)},
+        "compile_ms_median": statistics.median(comp) if comp else None,
+        "eager_over_compile_median": statistics.median(speed) if speed else None,
+        "benchmark_similarity_max": max(sim, default=None),
+    }
+
+
+def judge_sample(out: Path, k: int, device: str) -> dict:
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import Judge, JudgeConfig, JudgeError
+    from cuda_agent.tasks import iter_parquet_tasks
+
+    tasks = list(iter_parquet_tasks(out / "tasks.parquet"))[:k]
+    passed, failed, warned = 0, [], 0
+    with Judge(JudgeConfig(device=device, policy="lenient", n_timed=5, compile_mode="none")) as judge:
+        for t in tasks:
+            cand = Candidate.from_source(t.source.replace("class Model(nn.Module):", "class ModelNew(nn.Module):"),
+                                         origin=t.name)
+            try:
+                v = judge.evaluate(t, cand)
+            except JudgeError as exc:
+                failed.append({"task": t.name, "error": str(exc)[:300]})
+                continue
+            if v.correct:
+                passed += 1
+            else:
+                failed.append({"task": t.name, "failure": v.failure.message[:300] if v.failure else "incorrect"})
+            warned += bool(v.task_warnings)
+    return {"judged": len(tasks), "passed": passed, "with_task_warnings": warned, "failures": failed[:20]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--out", type=Path, required=True, help="output folder (outside the repository)")
+    ap.add_argument("--workers", type=int, default=None, help="default: cores / 2")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--min-ms", type=float, default=None)
+    ap.add_argument("--max-ms", type=float, default=None)
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="check torch.compile against eager (default: on for cuda, off for cpu)")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--benchmark-dir", type=Path, default=None)
+    ap.add_argument("--judge-sample", type=int, default=0, help="judge this many accepted tasks (reference as candidate)")
+    args = ap.parse_args()
+
+    repo = Path(__file__).resolve().parents[1]
+    if args.out.resolve().is_relative_to(repo):
+        print("--out must be outside the repository (the sample is evidence, not a commit)", file=sys.stderr)
+        return 2
+    import torch
+    from rich.console import Console
+
+    from cuda_agent.synth.cli import _RichProgress, print_report
+    from cuda_agent.synth.filters import FilterConfig
+    from cuda_agent.synth.pipeline import SynthConfig, run_synth
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cores = os.cpu_count() or 2
+    workers = args.workers or max(1, cores // 2)
+    fkw: dict = {"device": device, "timeout_s": args.timeout, "threads_per_worker": max(1, cores // workers)}
+    if args.min_ms is not None:
+        fkw["min_ms"] = args.min_ms
+    if args.max_ms is not None:
+        fkw["max_ms"] = args.max_ms
+    if args.compile is not None:
+        fkw["compile"] = args.compile
+    bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
+    cfg = SynthConfig(n=args.n, out=args.out, seed=args.seed, workers=workers, benchmark_dir=bench,
+                      compose={"profile": device}, filters=FilterConfig(**fkw))
+    console = Console()
+    t0 = time.monotonic()
+    report = run_synth(cfg, _RichProgress(console))
+    print_report(report, console)
+    result = {"device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+              "cores": cores, "workers": workers, "torch": torch.__version__, "wall_s": time.monotonic() - t0,
+              "tasks_per_hour": report.tasks_per_hour, "candidates_per_hour": report.candidates_per_hour,
+              "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
+              "sample": sample_stats(args.out)}
+    if args.judge_sample:
+        result["judge"] = judge_sample(args.out, args.judge_sample, device)
+    (args.out / "throughput.json").write_text(json.dumps(result, indent=1))
+    console.print_json(json.dumps({k: v for k, v in result.items() if k != "rejected_by"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

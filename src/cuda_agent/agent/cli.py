@@ -1,0 +1,232 @@
+"""`cuda-agent solve` and `cuda-agent run`: the agent on one module or on a task set.
+
+Registered on the main app by `cuda_agent.cli`; heavy imports stay inside the commands.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+out = Console()
+
+SERVER_HELP = """
+
+Point it at any OpenAI-compatible server with --base-url, --model and --api-key, or with the
+environment variables OPENAI_BASE_URL, CUDA_AGENT_MODEL and OPENAI_API_KEY (flags win). Without a
+model name the first model the server lists is used; local servers accept any key.
+
+vLLM: vllm serve Qwen/Qwen3-32B --enable-auto-tool-choice --tool-call-parser hermes, then
+--base-url http://localhost:8000/v1
+
+SGLang: python -m sglang.launch_server --model-path Qwen/Qwen3-32B --tool-call-parser qwen25,
+then --base-url http://localhost:30000/v1
+
+Hosted APIs: their base URL, a model name and OPENAI_API_KEY.
+
+Tool calling is native when the server supports it; --tool-mode text describes the tools in the
+prompt instead (auto switches to it when the server refuses tools)."""
+
+# model
+BaseUrlOpt = Annotated[Optional[str], typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. "
+                                                   "http://localhost:8000/v1 (env OPENAI_BASE_URL)")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="model name (env CUDA_AGENT_MODEL; default: "
+                                                 "the first model the server lists)")]
+KeyOpt = Annotated[Optional[str], typer.Option("--api-key", help="API key (env OPENAI_API_KEY; any value for "
+                                               "local servers)")]
+ToolModeOpt = Annotated[Optional[str], typer.Option("--tool-mode", help="auto, native (server tool calling) or "
+                                                    "text (tools described in the prompt)")]
+TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", help="sampling temperature")]
+MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="longest reply in tokens (default 8192)")]
+# agent
+TurnsOpt = Annotated[Optional[int], typer.Option("--max-turns", help="model calls per task (default 150)")]
+ContextOpt = Annotated[Optional[int], typer.Option("--context-tokens", help="context budget in tokens "
+                                                   "(default 128000)")]
+AgentConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--agent-config", help="model and agent settings from a TOML or JSON file: sections model (ModelConfig) and "
+                           "agent (AgentConfig); flags override it")]
+# judge (as for `cuda-agent eval`)
+DeviceOpt = Annotated[Optional[str], typer.Option(
+    "--device", help="cuda or cpu (default: cuda when available, else the CPU backend with C++ kernels)")]
+PolicyOpt = Annotated[Optional[str], typer.Option("--policy", help="strict (default) or lenient")]
+CompileOpt = Annotated[Optional[str], typer.Option("--compile-mode", help="torch.compile mode of the baseline, "
+                                                   "or none to skip it")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="judge settings from a TOML or JSON file")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("-c", "--set", help="override one JudgeConfig field")]
+
+
+def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns, context_tokens, agent_file,
+           device, policy, compile_mode, config, set_):
+    """Model client, judge gate and agent settings: flags over the settings file over the environment."""
+    from pydantic import ValidationError
+
+    from cuda_agent.cli import build_config
+
+    from .client import ChatClient, ModelConfig, ModelError
+    from .loop import AgentConfig
+    from .tools import JudgeGate
+
+    judge_config = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
+    values: dict = {}
+    if agent_file is not None:
+        try:
+            text = agent_file.read_text()
+            values = tomllib.loads(text) if agent_file.suffix == ".toml" else json.loads(text)
+        except (OSError, ValueError) as exc:
+            err.print(f"[red]error:[/red] {agent_file}: {exc}")
+            raise typer.Exit(2)
+
+    def merged(section: str, **flags) -> dict:
+        return {**values.get(section, {}), **{k: v for k, v in flags.items() if v is not None}}
+
+    try:
+        model_config = ModelConfig.from_env(**merged("model", base_url=base_url, model=model, api_key=api_key,
+                                                     tool_mode=tool_mode, temperature=temperature,
+                                                     max_tokens=max_tokens))
+        agent_config = AgentConfig(**merged("agent", max_turns=max_turns, context_tokens=context_tokens))
+    except ValidationError as exc:
+        err.print(f"[red]error:[/red] invalid settings:\n{exc}")
+        raise typer.Exit(2)
+    try:
+        client = ChatClient(model_config)
+    except ModelError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    return client, JudgeGate(judge_config), agent_config
+
+
+def _line(s: dict) -> str:
+    best = s.get("best")
+    what = "no correct candidate" if not best else (
+        f"reward {best['reward']:g}, {_x(best['speedup_vs_eager'])} vs eager, {_x(best['speedup_vs_compile'])} "
+        "vs torch.compile")
+    resumed = " (finished earlier)" if s.get("resumed") else ""
+    return (f"{s['task']}: {s['termination']} after {s.get('turns', '?')} turns{resumed}; {what}"
+            + (f" [{s['message']}]" if s["termination"] == "error" else ""))
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def solve_cmd(
+    module: Annotated[Path, typer.Argument(help="your module in KernelBench format (Model, get_inputs, get_init_inputs)")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="output folder (default: agent_runs/<module name>)")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="start over even if OUT holds a finished run")] = False,
+    base_url: BaseUrlOpt = None, model: ModelOpt = None, api_key: KeyOpt = None, tool_mode: ToolModeOpt = None,
+    temperature: TemperatureOpt = None, max_tokens: MaxTokensOpt = None, max_turns: TurnsOpt = None,
+    context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
+    policy: PolicyOpt = None,
+    compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
+) -> None:
+    """Let a model turn your PyTorch module into verified, faster kernels.
+
+    Writes OUT/best (the best workspace the judge found correct), OUT/result.json (with the
+    speed-ups vs eager and torch.compile), OUT/workspace and OUT/trajectory.jsonl. A rerun skips a
+    finished task."""
+    from cuda_agent.judge import JudgeError
+    from cuda_agent.tasks import TaskError, load_task_file
+
+    from .runner import solve_task
+
+    try:
+        task = load_task_file(module)
+    except TaskError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
+                                    context_tokens, agent_config, device, policy, compile_mode, config, set_)
+    folder = out_dir or Path("agent_runs") / module.stem
+    try:
+        summary = solve_task(task, folder, client, gate, settings, resume=not fresh)
+    except JudgeError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(3)
+    finally:
+        gate.close()
+    out.print(_line(summary))
+    if summary.get("best_workspace"):
+        out.print(f"best verified workspace: {summary['best_workspace']}")
+    out.print(f"summary: {folder / 'result.json'}")
+    if summary["termination"] == "error":
+        raise typer.Exit(3)
+
+
+def run_cmd(
+    tasks: Annotated[str, typer.Argument(help="'suite' (bundled), a KernelBench-style folder, a task .py, "
+                                              "or an Ops-6K .jsonl/.parquet file")] = "suite",
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder: one subfolder per task, results.jsonl")]
+    = Path("agent_runs/run"),
+    concurrency: Annotated[int, typer.Option("--concurrency", "-j", min=1, help="tasks in flight at once "
+                                             "(model calls overlap; judge calls take turns)")] = 1,
+    level: Annotated[Optional[list[int]], typer.Option("--level", help="only these levels")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="only the first N tasks")] = None,
+    base_url: BaseUrlOpt = None, model: ModelOpt = None, api_key: KeyOpt = None, tool_mode: ToolModeOpt = None,
+    temperature: TemperatureOpt = None, max_tokens: MaxTokensOpt = None, max_turns: TurnsOpt = None,
+    context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
+    policy: PolicyOpt = None,
+    compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
+) -> None:
+    """Run the agent on many tasks with bounded concurrency and a progress bar.
+
+    Each task gets OUT/<task>/ (as for solve); OUT/results.jsonl collects the summaries. A rerun
+    skips finished tasks."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cuda_agent.report import geomean
+    from cuda_agent.tasks import TaskError, load_tasks
+
+    from .runner import run_tasks
+
+    client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
+                                    context_tokens, agent_config, device, policy, compile_mode, config, set_)
+    spec = f"suite:{gate.device}" if tasks in ("suite", "suite:cuda", "suite:cpu") else tasks
+    try:
+        todo = load_tasks(spec, level)
+    except TaskError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    if level:
+        todo = [t for t in todo if t.level in set(level)]
+    todo = todo[:limit] if limit else todo
+    out.print(f"{len(todo)} tasks, {concurrency} at a time, judged on {gate.device}; output in {out_dir}")
+    with Progress(TextColumn("agent"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=out) as bar:
+        progress = bar.add_task("agent", total=len(todo))
+
+        def done(summary: dict) -> None:
+            bar.console.print(_line(summary))
+            bar.advance(progress)
+
+        try:
+            summaries = run_tasks(todo, out_dir, client, gate, settings, concurrency=concurrency, on_done=done)
+        finally:
+            gate.close()
+    solved = [s for s in summaries if s.get("best")]
+    ends: dict[str, int] = {}
+    for s in summaries:
+        ends[s["termination"]] = ends.get(s["termination"], 0) + 1
+    out.print(f"correct candidate for {len(solved)}/{len(summaries)} tasks; runs ended: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())))
+    ge = geomean([s["best"]["speedup_vs_eager"] for s in solved if s["best"]["speedup_vs_eager"]])
+    gc = geomean([s["best"]["speedup_vs_compile"] for s in solved if s["best"]["speedup_vs_compile"]])
+    out.print(f"geomean speed-up over those: {_x(ge)} vs eager, {_x(gc)} vs torch.compile; "
+              f"summaries in {out_dir / 'results.jsonl'}")
+
+
+def _help(doc: str) -> str:
+    """Paragraphs as single lines: the terminal rewraps them."""
+    paragraphs = inspect.cleandoc(doc + SERVER_HELP).split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("solve", help=_help(solve_cmd.__doc__))(solve_cmd)
+    app.command("run", help=_help(run_cmd.__doc__))(run_cmd)
+

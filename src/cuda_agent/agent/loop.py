@@ -1,0 +1,333 @@
+"""The ReAct loop: the model calls tools on a workspace until it submits or a limit ends the run.
+
+Each turn is one model call and the tool calls of its reply. A run ends for one reason, kept
+apart (`Termination`): submitted (a correct candidate), max_turns, context_exhausted (nothing
+left to compress), repeated (the same calls with the same results, again and again) or error
+(the model server or the judge could not work). Whatever the reason, the best candidate the
+judge found correct during the run is returned with its verdict.
+
+Context: the conversation's size is estimated from the server's own token counts (calibrated
+characters-per-token). Near `compress_at` of the budget, old tool results and the bulky
+arguments of old calls (file contents) are replaced by one-line stubs; the newest `keep_recent`
+results stay whole. The model can always read a file again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cuda_agent.candidate import Candidate
+from cuda_agent.judge import JudgeError, Verdict
+
+from .client import TOOL_BLOCK, ContextLengthError, ModelClient, ModelConfig, ModelError, ModelReply
+from .tools import Observation, ToolConfig, Toolbox, tool_specs
+from .trajectory import Trajectory
+from .workspace import skill_text
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_turns: int = Field(150, ge=1, description="model calls per run (CUDA Agent: 150 in training, 200 in evaluation)")
+    context_tokens: int = Field(128_000, ge=1000, description="the model's context budget")
+    reply_tokens: int = Field(8192, ge=0, description="room kept free for the next reply")
+    compress_at: float = Field(0.8, gt=0, le=1, description="compress old observations above this share of the budget")
+    keep_recent: int = Field(6, ge=1, description="newest tool results never compressed")
+    repeat_warn: int = Field(3, ge=2, description="identical consecutive steps before the model is warned")
+    repeat_limit: int = Field(6, ge=2, description="identical consecutive steps that end the run")
+    tools: ToolConfig = Field(default_factory=ToolConfig)
+
+
+class Termination(str, Enum):
+    SUBMITTED = "submitted"
+    MAX_TURNS = "max_turns"
+    CONTEXT_EXHAUSTED = "context_exhausted"
+    REPEATED = "repeated"
+    ERROR = "error"
+
+
+class Terminated(Exception):
+    def __init__(self, reason: Termination, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class AgentResult:
+    task_id: str
+    task_name: str
+    termination: Termination
+    message: str
+    turns: int                  # model replies received
+    prompt_tokens: int          # summed over every model call
+    completion_tokens: int
+    seconds: float
+    best: Candidate | None = None           # the best candidate the judge found correct
+    best_verdict: Verdict | None = None
+
+    @property
+    def submitted(self) -> bool:
+        return self.termination is Termination.SUBMITTED
+
+    def summary(self) -> dict:
+        v = self.best_verdict
+        return {
+            "task": self.task_name, "task_id": self.task_id, "termination": self.termination.value,
+            "message": self.message, "turns": self.turns, "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens, "seconds": round(self.seconds, 2),
+            "solved": v is not None,
+            "best": None if v is None else {
+                "candidate_hash": v.candidate_hash, "reward": v.reward, "reward_reason": v.reward_reason,
+                "runtime_ms": v.runtime_ms, "eager_ms": v.eager_ms, "compile_ms": v.compile_ms,
+                "speedup_vs_eager": v.speedup_vs_eager, "speedup_vs_compile": v.speedup_vs_compile,
+                "device_name": v.device_name},
+        }
+
+
+def rank(v: Verdict) -> tuple:
+    """Order of correct verdicts: reward first, then speed-up vs compile, then vs eager."""
+    return (v.reward, v.speedup_vs_compile or 0.0, v.speedup_vs_eager or 0.0)
+
+
+SYSTEM = """You are an expert {role} engineer. You work in a workspace on disk, only through the tools.
+Make ModelNew in model_new.py compute exactly what Model in model.py computes, with your own kernels in \
+kernels/, and make it faster than torch.compile. Take small steps: write, compile, verify, profile, \
+improve. The judge's verdict is the only measure. When the workspace is correct and as fast as you can \
+make it, call submit.
+
+Every rule of the judge is in SKILL.md, reproduced here:
+
+{skill}"""
+
+TASK = """Task: {name}{level}. Backend: {backend}.
+
+The reference, model.py:
+```python
+{source}
+```
+
+model_new.py holds a starter with the reference's constructor. Start with profile(target="reference")."""
+
+NO_TOOL_CALL = ("Your reply called no tool. Act only through tool calls ({tools}); call submit when the "
+                "workspace passes verify.")
+REPEAT_WARNING = ("\n\n[note: you made the same calls with the same results {n} times in a row; repeating them "
+                  "changes nothing, so try something different.]")
+
+
+class Agent:
+    """One run of the loop on one workspace. Mini-SWE-agent's shape: a model, an environment
+    (the toolbox), a conversation, and small exceptions for the ways a run ends."""
+
+    def __init__(self, client: ModelClient, toolbox: Toolbox, config: AgentConfig | None = None,
+                 trajectory: Trajectory | None = None, stop: threading.Event | None = None):
+        self.client = client
+        self.stop = stop  # set by another thread to end the run at the next turn
+        self.toolbox = toolbox
+        self.config = config or AgentConfig()
+        self.trajectory = trajectory or Trajectory()
+        self.tools = tool_specs()
+        self.messages: list[dict] = []
+        self.turn = 0      # the turn in progress
+        self.replies = 0   # model replies received: the turns completed
+        self.prompt_tokens = self.completion_tokens = 0
+        self.best: tuple[Candidate, Verdict] | None = None
+        self._chars_per_token = 3.5
+        self._last_step: str | None = None
+        self._repeats = 0
+
+    # ------------------------------------------------------------------------------ run
+    def run(self) -> AgentResult:
+        t0 = time.monotonic()
+        task, device = self.toolbox.task, self.toolbox.gate.device
+        model = getattr(self.client, "config", None)
+        self.trajectory.event("start", task={"id": task.id, "name": task.name, "origin": task.origin,
+                                             "level": task.level, "source": task.source},
+                              device=device, agent=self.config.model_dump(mode="json"), tools=self.tools,
+                              model=model.public() if isinstance(model, ModelConfig) else None)
+        backend = "CUDA on the GPU" if device == "cuda" else "CPU (C++/OpenMP kernels in kernels/*.cpp)"
+        self.add({"role": "system", "content": SYSTEM.format(
+            role="CUDA" if device == "cuda" else "C++ performance", skill=skill_text(device))})
+        self.add({"role": "user", "content": TASK.format(
+            name=task.name, level=f" (level {task.level})" if task.level else "", backend=backend,
+            source=task.source.rstrip())})
+        try:
+            while True:
+                if self.stop is not None and self.stop.is_set():
+                    raise Terminated(Termination.ERROR, "interrupted")
+                if self.turn >= self.config.max_turns:
+                    raise Terminated(Termination.MAX_TURNS, f"{self.config.max_turns} turns used")
+                self.turn += 1
+                self.step()
+        except Terminated as end:
+            reason, message = end.reason, str(end)
+        except ModelError as exc:
+            reason, message = Termination.ERROR, f"model: {exc}"
+        except JudgeError as exc:
+            reason, message = Termination.ERROR, f"judge: {exc}"
+        except Exception as exc:  # a bug: the run still ends with a result and a complete trajectory
+            import traceback
+
+            reason, message = Termination.ERROR, "internal: " + "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]
+        cand, verdict = self.best or (None, None)
+        result = AgentResult(task.id, task.name, reason, message, self.replies, self.prompt_tokens,
+                             self.completion_tokens, time.monotonic() - t0, cand, verdict)
+        self.trajectory.event("end", **result.summary())
+        return result
+
+    def step(self) -> None:
+        reply = self.query()
+        message = reply.message()
+        for call, wire in zip(reply.tool_calls, message.get("tool_calls", [])):
+            if call.error:  # servers re-parse the arguments of earlier calls: keep the history valid
+                wire["function"]["arguments"] = "{}"
+        self.trajectory.event("model", turn=self.turn, index=len(self.messages),
+                              prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
+                              usage_estimated=reply.usage_estimated, latency_s=round(reply.latency_s, 3),
+                              attempts=reply.attempts, finish_reason=reply.finish_reason, reasoning=reply.reasoning,
+                              text_mode=getattr(self.client, "text_mode", None),
+                              calls=[{"id": c.id, "raw_arguments": c.raw_arguments, "error": c.error}
+                                     for c in reply.tool_calls if c.error])
+        self.add(message)
+        if not reply.tool_calls:
+            text = NO_TOOL_CALL.format(tools=", ".join(t["function"]["name"] for t in self.tools))
+            if reply.finish_reason == "length":
+                text = "Your reply was cut off at the token limit. " + text
+            self.add({"role": "user", "content": text})
+            self.note_step(json.dumps(["<no tool call>", reply.content]), text)
+            return
+        results = []
+        for call in reply.tool_calls:
+            t0 = time.monotonic()
+            if call.error:
+                cut = " (your reply was cut off at the token limit)" if reply.finish_reason == "length" else ""
+                obs = Observation(f"error: malformed call of {call.name or 'a tool'}: {call.error}{cut}", ok=False)
+            else:
+                obs = self.toolbox.call(call.name, call.arguments or {})
+            self.add({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": obs.text})
+            self.trajectory.event("tool", turn=self.turn, call_id=call.id, name=call.name,
+                                  arguments=call.raw_arguments, observation=obs.text, ok=obs.ok,
+                                  seconds=round(time.monotonic() - t0, 3), submitted=obs.submitted,
+                                  verdict=obs.verdict.model_dump(mode="json") if obs.verdict else None)
+            results.append(obs.text)
+            if obs.verdict is not None and obs.verdict.correct and obs.candidate is not None:
+                if self.best is None or rank(obs.verdict) > rank(self.best[1]):
+                    self.best = (obs.candidate, obs.verdict)
+            if obs.submitted:
+                raise Terminated(Termination.SUBMITTED, "submitted a correct candidate")
+        self.note_step(json.dumps([[c.name, c.raw_arguments] for c in reply.tool_calls]), "\n".join(results))
+
+    def note_step(self, action: str, result: str) -> None:
+        """Count identical consecutive steps (same calls, same results); warn, then end the run."""
+        key = json.dumps([action, result])
+        self._repeats = self._repeats + 1 if key == self._last_step else 1
+        self._last_step = key
+        if self._repeats >= self.config.repeat_limit:
+            raise Terminated(Termination.REPEATED, f"the same step {self._repeats} times in a row")
+        if self._repeats >= self.config.repeat_warn:
+            last = self.messages[-1]
+            self.messages[-1] = {**last, "content": last["content"] + REPEAT_WARNING.format(n=self._repeats)}
+            self.trajectory.event("edit", turn=self.turn, reason="repeat warning",
+                                  edits=[{"index": len(self.messages) - 1, "message": self.messages[-1]}])
+
+    # ------------------------------------------------------------------------------ model
+    def add(self, message: dict) -> None:
+        self.messages.append(message)
+        self.trajectory.event("message", index=len(self.messages) - 1, message=message)
+
+    def query(self) -> ModelReply:
+        self.fit_context()
+        while True:
+            try:
+                reply = self.client.complete(self.messages, self.tools)
+                break
+            except ContextLengthError as exc:
+                if not self.compress():
+                    raise Terminated(Termination.CONTEXT_EXHAUSTED, f"the server refused the context: {exc}") from None
+        self.replies += 1
+        self.prompt_tokens += reply.prompt_tokens
+        self.completion_tokens += reply.completion_tokens
+        if not reply.usage_estimated and reply.prompt_tokens > 0:
+            self._chars_per_token = self._chars() / reply.prompt_tokens
+        return reply
+
+    def _chars(self) -> int:
+        return len(json.dumps(self.messages)) + len(json.dumps(self.tools))
+
+    def context_tokens(self) -> int:
+        """Estimated size of the next request."""
+        return int(self._chars() / self._chars_per_token)
+
+    def fit_context(self) -> None:
+        cfg = self.config
+        if self.context_tokens() + cfg.reply_tokens > cfg.compress_at * cfg.context_tokens:
+            self.compress()
+        used = self.context_tokens()
+        if used + cfg.reply_tokens > cfg.context_tokens:
+            raise Terminated(Termination.CONTEXT_EXHAUSTED,
+                             f"~{used} tokens of context in use, {cfg.context_tokens} available")
+
+    def compress(self) -> bool:
+        """Replace old tool results and old bulky call arguments with stubs; False if nothing changed."""
+        tool_indices = [i for i, m in enumerate(self.messages) if m["role"] == "tool"]
+        recent = tool_indices[-self.config.keep_recent:]
+        cutoff = recent[0] if recent else len(self.messages)
+        before = self.context_tokens()
+        edits = []
+        for i in range(2, cutoff):  # the system prompt and the task stay whole
+            new = _compressed(self.messages[i])
+            if new is not None:
+                self.messages[i] = new
+                edits.append({"index": i, "message": new})
+        if edits:
+            self.trajectory.event("edit", turn=self.turn, reason="compress", tokens_before=before, edits=edits)
+        return bool(edits)
+
+
+_STUB = "[compressed]"
+
+
+def _compressed(msg: dict) -> dict | None:
+    """A shorter version of an old message, or None if it is short already."""
+    if msg["role"] == "tool":
+        text = msg["content"]
+        if len(text) <= 300 or text.startswith(_STUB):
+            return None
+        first = text.strip().splitlines()[0][:160] if text.strip() else ""
+        return {**msg, "content": f"{_STUB} old result of {msg.get('name', 'a tool')} ({len(text)} characters), "
+                                  f"began: {first}"}
+    if msg["role"] == "assistant":
+        calls, changed = [], False
+        for call in msg.get("tool_calls") or []:
+            raw = call["function"]["arguments"]
+            if len(raw) > 400:
+                try:
+                    args = json.loads(raw)
+                except json.JSONDecodeError:
+                    args = None
+                if isinstance(args, dict):
+                    args = {k: (f"{_STUB} {len(v)} characters" if isinstance(v, str) and len(v) > 200 else v)
+                            for k, v in args.items()}
+                    call = {**call, "function": {**call["function"], "arguments": json.dumps(args)}}
+                    changed = True
+            calls.append(call)
+        content = msg.get("content") or ""
+        if calls:  # text-mode replies carry the calls in their text too; the client re-renders them
+            stripped = TOOL_BLOCK.sub("", content)
+            changed = changed or stripped != content
+            content = stripped
+        if len(content) > 1200:
+            content, changed = content[:600] + f" {_STUB} {len(content) - 600} more characters", True
+        if not changed:
+            return None
+        new = {**msg, "content": content}
+        if calls:
+            new["tool_calls"] = calls
+        return new
+    return None

@@ -1,0 +1,129 @@
+"""The `cuda-agent synth` command (registered by cuda_agent.cli)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+err = Console(stderr=True)
+
+
+class _RichProgress:
+    def __init__(self, console: Console):
+        self.p = Progress(TextColumn("synth"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                          TimeElapsedColumn(), console=console, transient=False)
+        self.task = None
+
+    def start(self, total: int, done: int) -> None:
+        self.p.start()
+        self.task = self.p.add_task("synth", total=total, completed=min(done, total), info="")
+
+    def update(self, accepted: int, candidates: int, last) -> None:
+        why = last.rejection.filter if last.rejection else "accepted"
+        self.p.update(self.task, completed=min(accepted, self.p.tasks[0].total or accepted),
+                      info=f"{candidates} candidates, last: {why}")
+
+    def stop(self) -> None:
+        self.p.stop()
+
+
+def print_report(report, console: Console) -> None:
+    from .filters import FILTERS
+
+    table = Table(title="candidates removed by each filter")
+    table.add_column("filter")
+    table.add_column("removed", justify="right")
+    table.add_column("what it removes")
+    for name, count in report.rejected_by.items():
+        table.add_row(name, str(count), FILTERS.get(name, ""))
+    table.add_row("[bold]accepted[/bold]", f"[bold]{report.accepted}[/bold]", f"of {report.candidates} candidates")
+    console.print(table)
+    console.print(f"{report.tasks_per_hour:.0f} tasks/hour, {report.candidates_per_hour:.0f} candidates/hour "
+                  f"this run ({report.wall_s:.1f} s); exported {report.exported} tasks")
+
+
+def synth_cmd(
+    out: Annotated[Path, typer.Option("--out", help="output folder: candidates log, catalog, tasks.parquet/.jsonl")],
+    n: Annotated[int, typer.Option("--n", help="accepted tasks wanted")] = 6000,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="parallel isolated workers (default: cores / 2)")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda when available)")] = None,
+    benchmark_dir: Annotated[Optional[Path], typer.Option(
+        "--benchmark-dir", help="decontaminate against the tasks under this folder (e.g. a KernelBench checkout)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="base seed of the candidate stream")] = 0,
+    min_ms: Annotated[Optional[float], typer.Option("--min-ms", help="shortest eager runtime kept (default 1)")] = None,
+    max_ms: Annotated[Optional[float], typer.Option("--max-ms", help="longest eager runtime kept (default 100)")] = None,
+    compile_check: Annotated[Optional[bool], typer.Option(
+        "--compile/--no-compile", help="check torch.compile against eager (default: on for cuda, off for cpu)")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds for all checks of one task")] = None,
+    composer: Annotated[str, typer.Option("--composer", help="programmatic or llm")] = "programmatic",
+    catalog: Annotated[Optional[Path], typer.Option("--catalog", help="seed catalog file (default OUT/catalog.jsonl)")] = None,
+    llm_base_url: Annotated[Optional[str], typer.Option("--llm-base-url", help="OpenAI-compatible endpoint")] = None,
+    llm_model: Annotated[Optional[str], typer.Option("--llm-model", help="model name at that endpoint")] = None,
+    max_candidates: Annotated[Optional[int], typer.Option("--max-candidates", help="stop after this many candidates")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="SynthConfig fields from a TOML or JSON file")] = None,
+) -> None:
+    """Synthesize fused-operator tasks: crawl seed ops, compose, filter in isolated workers, export.
+
+    Resumable: rerun the same command to continue. Prints how many candidates each filter removed.
+    """
+    import os
+
+    from pydantic import ValidationError
+
+    from cuda_agent.judge.config import default_device
+
+    from .pipeline import SynthConfig, run_synth
+
+    values: dict = {}
+    if config is not None:
+        try:
+            text = config.read_text()
+            values = tomllib.loads(text) if config.suffix == ".toml" else json.loads(text)
+        except (OSError, ValueError) as exc:
+            err.print(f"[red]error:[/red] {config}: {exc}")
+            raise typer.Exit(2)
+        values = values.get("synth", values)
+    dev = device or values.get("filters", {}).get("device") or default_device()
+    filters = dict(values.get("filters", {}), device=dev)
+    for key, val in (("min_ms", min_ms), ("max_ms", max_ms), ("compile", compile_check), ("timeout_s", timeout)):
+        if val is not None:
+            filters[key] = val
+    cores = os.cpu_count() or 2
+    n_workers = workers or values.get("workers") or max(1, cores // 2)
+    filters.setdefault("threads_per_worker", max(1, cores // n_workers))
+    compose = dict(values.get("compose", {}))
+    compose.setdefault("profile", dev)
+    llm = dict(values.get("llm") or {})
+    if llm_base_url:
+        llm["base_url"] = llm_base_url
+    if llm_model:
+        llm["model"] = llm_model
+    values.update(out=out, n=n, seed=seed, workers=n_workers, filters=filters, compose=compose, composer=composer,
+                  llm=llm or None)
+    for key, val in (("benchmark_dir", benchmark_dir), ("catalog", catalog), ("max_candidates", max_candidates)):
+        if val is not None:
+            values[key] = val
+    try:
+        cfg = SynthConfig(**values)
+    except ValidationError as exc:
+        err.print(f"[red]error:[/red] invalid synth settings:\n{exc}")
+        raise typer.Exit(2)
+    if dev == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            err.print("[red]error:[/red] --device cuda but CUDA is not available (use --device cpu)")
+            raise typer.Exit(3)
+    try:
+        report = run_synth(cfg, _RichProgress(err))
+    except (ValueError, OSError, RuntimeError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(3)
+    print_report(report, Console())

@@ -1,0 +1,291 @@
+"""Filters: static ones in the pipeline's process, execution ones in isolated worker processes.
+
+Static (no execution, in candidate order so results do not depend on scheduling):
+  invalid_source   not a KernelBench-format module
+  duplicate        same normalised AST as an earlier candidate (sizes and names do not count)
+  contaminated     too close to a task of the user's benchmark directory (see decontam.py)
+Execution (worker.py, one sandboxed process per worker slot, reused across tasks): see worker.py
+for the list. A worker that crashes, hangs past `timeout_s` or exceeds `memory_limit_mb` is
+killed with its whole process group and replaced; the task is rejected as `crash`/`timeout`.
+
+Isolation of a worker is that of the judge's sandbox (`cuda_agent.judge.sandbox`): own session,
+scrubbed environment (no API keys), rlimits, a separate uid and no network when run as root.
+Unlike a judge candidate it keeps fork/exec (torch.compile runs a compiler) and shares the GPU with
+the other workers, so its timings are noisy under load: the runtime window is a coarse gate, the
+judge measures the baselines that count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cuda_agent.tasks import TaskError, validate_reference_source
+
+from .compose import Composition
+from .decontam import BenchmarkIndex, DecontamConfig, Nearest, ast_hash, contamination
+
+# every filter, in the order a candidate meets them (the rejection table uses this order)
+FILTERS: dict[str, str] = {
+    "compose_error": "the composer found no valid chain / the LLM gave no usable module",
+    "invalid_source": "not a KernelBench-format module",
+    "duplicate": "same normalised AST as an earlier candidate",
+    "contaminated": "too close to a benchmark task (AST, operator sequence or MinHash)",
+    "load_error": "the module does not import",
+    "eager_error": "construction or eager forward fails, or outputs are not float tensors",
+    "crash": "the worker process died (segfault, abort, out of memory)",
+    "timeout": "the checks ran past the per-task time limit",
+    "random_op": "random ops at run time (dropout in train mode, torch.rand*, RNG consumed)",
+    "nondeterministic": "two identical runs give different outputs",
+    "output_too_large": "outputs larger than the judge accepts (max_output_mb)",
+    "train_eval_mismatch": "train() and eval() outputs differ",
+    "nonfinite": "NaN or Inf in the output",
+    "constant_output": "the output is constant",
+    "input_independent": "the output does not change with the inputs",
+    "degenerate": "an all-zero or constant output would pass the judge's tolerance",
+    "unused_parameter": "a parameter does not influence the output",
+    "unused_input": "an input does not influence the output",
+    "runtime_window": "eager runtime outside the window after rescaling",
+    "compile_error": "torch.compile fails",
+    "compile_mismatch": "torch.compile output differs from eager",
+    "worker_error": "a bug in the checker itself (reported, never silently accepted)",
+}
+
+
+class Rejection(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    filter: str
+    message: str
+
+
+class FilterConfig(BaseModel):
+    """Execution-filter settings. Defaults follow the issue (1-100 ms eager window, compile on GPU)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: Literal["cuda", "cpu"] = "cpu"
+    min_ms: float = Field(1.0, description="shortest accepted eager runtime (CPU tests use ~0.05)")
+    max_ms: float = Field(100.0, description="longest accepted eager runtime")
+    target_ms: float | None = Field(None, description="rescaling target; default the geometric mean of the window")
+    max_rescales: int = Field(4, description="BATCH rescaling attempts toward the window")
+    compile: bool | None = Field(None, description="check torch.compile against eager; default on for cuda, off for cpu")
+    timeout_s: float = Field(300.0, description="limit on all checks of one task (compile included)")
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    max_rel_l2: dict[str, float] = Field(
+        default_factory=lambda: {"float64": 1e-6, "float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2},
+        description="as the judge: compile vs eager must pass the same normwise bound")
+    det_rel: float | None = Field(None, description="two runs may differ by this fraction of the largest "
+                                                    "output magnitude; default 0 on cpu, 1e-5 on cuda (atomics)")
+    n_warmup: int = 2
+    n_timed: int = 10
+    timing_budget_s: float = Field(10.0, description="stop timing early once this much time was spent")
+    max_input_mb: float = Field(2048.0, description="rescaling never makes the inputs larger than this")
+    max_output_mb: int = Field(2048, description="largest total output (the judge's max_output_mb default)")
+    threads_per_worker: int = Field(1, description="torch CPU threads in each worker")
+    memory_limit_mb: int = Field(16384, description="resident memory of one worker (killed above)")
+    startup_timeout_s: float = 120.0
+    tasks_per_worker: int = Field(200, description="replace a worker after this many tasks (compile caches, "
+                                                   "allocator state and leaks do not accumulate)")
+
+    def payload(self) -> dict:
+        d = self.model_dump()
+        d["compile"] = self.device == "cuda" if self.compile is None else self.compile
+        d["det_rel"] = (1e-5 if self.device == "cuda" else 0.0) if self.det_rel is None else self.det_rel
+        return d
+
+
+class CheckResult(BaseModel):
+    """What the worker found for one task (the source is the rescaled one when accepted)."""
+
+    accepted: bool
+    rejection: Rejection | None = None
+    passed: list[str] = Field(default_factory=list)
+    source: str = ""
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+    batches: list[int] = Field(default_factory=list)
+    input_shapes: list[list[int]] = Field(default_factory=list)
+    output_shapes: list[list[int]] = Field(default_factory=list)
+    n_params: int | None = None
+    check_s: float = 0.0
+
+
+def _work_root() -> Path:
+    root = Path(os.environ.get("CUDA_AGENT_WORK", f"/var/tmp/cuda-agent-{os.geteuid()}")) / "synth"
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root.parent, 0o711)
+    os.chmod(root, 0o711)
+    return root
+
+
+class Worker:
+    """One sandboxed worker process; replaced after a crash or a timeout."""
+
+    UID_BASE = 62000   # apart from the judge's sandbox uids (61000 + slot)
+
+    def __init__(self, config: FilterConfig, slot: int):
+        self.config, self.slot = config, slot
+        self.proc = None
+        self._buf = b""
+        self.done = 0
+
+    def start(self) -> None:
+        from cuda_agent.judge.sandbox import SandboxSpec, Sandboxed, new_workdir, python_argv
+
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        cfg = self.config
+        spec = SandboxSpec(
+            argv=python_argv("cuda_agent.synth.worker", str(req_r), str(rep_w)),
+            workdir=new_workdir(_work_root(), f"worker{self.slot}-"), uid=self.UID_BASE + self.slot,
+            pass_fds=(req_r, rep_w), max_procs=256,
+            address_space_mb=None if cfg.device == "cuda" else cfg.memory_limit_mb * 2,
+            env={"CUDA_AGENT_SYNTH_THREADS": str(cfg.threads_per_worker),
+                 "OMP_NUM_THREADS": str(cfg.threads_per_worker), "TORCHINDUCTOR_COMPILE_THREADS": "1",
+                 **({"CUDA_VISIBLE_DEVICES": os.environ["CUDA_VISIBLE_DEVICES"]}
+                    if "CUDA_VISIBLE_DEVICES" in os.environ else {})})
+        try:
+            self.proc = Sandboxed(spec)
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self._req = os.fdopen(req_w, "w", buffering=1)
+        self._rep = rep_r
+        self._buf = b""
+        self.done = 0
+        ready = self._read_line(time.monotonic() + cfg.startup_timeout_s)
+        if not isinstance(ready, dict):
+            tail = self.proc.log_tail(2000)
+            self.close()
+            raise RuntimeError(f"synth worker {self.slot} did not start:\n{tail}")
+
+    def _read_line(self, deadline: float) -> dict | str:
+        """The next reply, or "eof" (the process closed its end: it died) or "deadline"."""
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "deadline"
+            ready, _, _ = select.select([self._rep], [], [], min(left, 0.5))
+            if not ready:
+                if self.proc is not None and self.proc.rss_mb() > self.config.memory_limit_mb:
+                    raise MemoryError(f"worker exceeded {self.config.memory_limit_mb} MiB")
+                if self.proc is not None and not self.proc.alive():
+                    return "eof"
+                continue
+            chunk = os.read(self._rep, 1 << 20)
+            if not chunk:
+                return "eof"
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line)
+
+    def check(self, source: str) -> CheckResult:
+        if self.proc is None:
+            self.start()
+        cfg = self.config
+        try:
+            self._req.write(json.dumps({"source": source, "config": cfg.payload()}) + "\n")
+            self._req.flush()
+            reply = self._read_line(time.monotonic() + cfg.timeout_s)
+        except MemoryError as exc:
+            self.close()
+            return CheckResult(accepted=False, rejection=Rejection(filter="crash", message=str(exc)))
+        except (OSError, json.JSONDecodeError) as exc:   # broken pipe: it died while we wrote
+            reply = f"{type(exc).__name__}: {exc}"
+        if isinstance(reply, dict):
+            self.done += 1
+            if reply.get("restart") or self.done >= cfg.tasks_per_worker:
+                self.close()
+            return CheckResult.model_validate(reply)
+        proc = self.proc
+        if reply == "deadline":
+            self.close()
+            return CheckResult(accepted=False, rejection=Rejection(
+                filter="timeout", message=f"checks ran past {cfg.timeout_s:g} s"))
+        try:
+            proc.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - still exiting: close() kills it
+            pass
+        how = proc.exit_description() if not proc.alive() else reply
+        tail = proc.log_tail(1500)
+        self.close()
+        return CheckResult(accepted=False, rejection=Rejection(filter="crash", message=f"worker died ({how}): {tail[-800:]}"))
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                self._req.close()
+            except OSError:
+                pass
+            try:
+                os.close(self._rep)
+            except OSError:
+                pass
+            self.proc.cleanup()
+            self.proc = None
+
+
+class WorkerPool:
+    """`size` workers; `check` is thread-safe (each call borrows one idle worker)."""
+
+    def __init__(self, config: FilterConfig, size: int):
+        self.config = config
+        self._idle: queue.Queue[Worker] = queue.Queue()
+        self._all = [Worker(config, i) for i in range(size)]
+        for w in self._all:
+            self._idle.put(w)
+
+    def check(self, source: str) -> CheckResult:
+        w = self._idle.get()
+        try:
+            return w.check(source)
+        finally:
+            self._idle.put(w)
+
+    def close(self) -> None:
+        for w in self._all:
+            w.close()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class StaticFilter:
+    """Source validity, duplicates and decontamination; call in candidate order."""
+
+    def __init__(self, benchmark: BenchmarkIndex | None = None, decontam: DecontamConfig | None = None):
+        self.benchmark = benchmark
+        self.decontam = decontam or DecontamConfig()
+        self.seen: dict[str, str] = {}    # normalised-AST hash -> first candidate's name
+
+    def remember(self, digest: str, name: str) -> None:
+        self.seen.setdefault(digest, name)
+
+    def check(self, comp: Composition) -> tuple[Rejection | None, Nearest | None, str]:
+        try:
+            validate_reference_source(comp.source, comp.name)
+            digest = ast_hash(comp.source)
+        except (TaskError, SyntaxError) as exc:
+            return Rejection(filter="invalid_source", message=str(exc)), None, ""
+        if digest in self.seen:
+            return Rejection(filter="duplicate", message=f"same normalised AST as {self.seen[digest]}"), None, digest
+        self.seen[digest] = comp.name
+        near = None
+        if self.benchmark is not None and len(self.benchmark):
+            near = self.benchmark.nearest(comp.source, self.decontam)
+            reason = contamination(near, self.decontam)
+            if reason:
+                return Rejection(filter="contaminated", message=reason), near, digest
+        return None, near, digest

@@ -1,0 +1,220 @@
+"""`cuda-agent synth`: compose candidates, filter them in parallel, export what survives.
+
+Candidate k is composed from seed `seed * 10_000_000 + k` (so runs with different `--seed` never
+share candidates). Compose and the static filters run in this process in candidate order;
+execution checks run on a pool of isolated workers. Every finished candidate is appended to
+`OUT/candidates.jsonl` at once, so an interrupted run continues where it stopped: a rerun with
+the same settings skips the indices already recorded (settings that change what a candidate is
+must match; `OUT/run.json` records them). When `n` candidates are accepted, the first `n` by
+index are exported (`tasks.parquet`, `tasks.jsonl`) with a report of how many each filter removed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from .catalog import load_or_crawl
+from .compose import ComposeConfig, ComposeError, Composition, LLMComposer, LLMConfig, ProgrammaticComposer
+from .decontam import BenchmarkIndex, DecontamConfig, Nearest
+from .filters import FILTERS, CheckResult, FilterConfig, Rejection, StaticFilter, WorkerPool
+
+SEED_STRIDE = 10_000_000
+
+
+class SynthConfig(BaseModel):
+    """One run of the pipeline. Fields marked (identity) must match when a run is resumed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n: int = Field(6000, ge=1, description="accepted tasks wanted")
+    out: Path = Field(description="output folder (candidates log, catalog, exports, report)")
+    seed: int = Field(0, ge=0, description="(identity) base seed of the candidate stream")
+    workers: int = Field(4, ge=1, description="parallel execution workers")
+    composer: Literal["programmatic", "llm"] = Field("programmatic", description="(identity)")
+    compose: ComposeConfig = Field(default_factory=ComposeConfig, description="(identity)")
+    filters: FilterConfig = Field(default_factory=FilterConfig)
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig)
+    benchmark_dir: Path | None = Field(None, description="benchmark to decontaminate against (e.g. KernelBench/)")
+    catalog: Path | None = Field(None, description="seed catalog to use (default OUT/catalog.jsonl, crawled once)")
+    llm: LLMConfig | None = None
+    max_candidates: int | None = Field(None, description="stop after this many candidates (default 50 * n)")
+
+    def identity(self) -> dict:
+        return {"seed": self.seed, "composer": self.composer, "compose": self.compose.model_dump()}
+
+
+class CandidateRecord(BaseModel):
+    """One line of `candidates.jsonl`: what was made and what the filters said."""
+
+    index: int
+    seed: int
+    name: str = ""
+    ops: list[str] = Field(default_factory=list)
+    composer: str = ""
+    ast_hash: str = ""
+    accepted: bool = False
+    rejection: Rejection | None = None
+    nearest: Nearest | None = None
+    check: CheckResult | None = None
+    source: str = ""      # the final (rescaled) source; kept for accepted candidates only
+
+
+class SynthReport(BaseModel):
+    accepted: int
+    candidates: int
+    rejected_by: dict[str, int]
+    wall_s: float
+    tasks_per_hour: float
+    candidates_per_hour: float
+    exported: int
+    config: dict
+
+
+def _log_path(out: Path) -> Path:
+    return out / "candidates.jsonl"
+
+
+def read_records(out: Path) -> list[CandidateRecord]:
+    path = _log_path(out)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(CandidateRecord.model_validate_json(line))
+        except ValueError:
+            continue    # a line cut by an interrupted write: that candidate is redone
+    return records
+
+
+def rejection_table(records: list[CandidateRecord]) -> dict[str, int]:
+    counts = Counter(r.rejection.filter for r in records if r.rejection is not None)
+    return {f: counts[f] for f in FILTERS if counts.get(f)} | {f: c for f, c in counts.items() if f not in FILTERS}
+
+
+class _Progress:
+    """Callbacks for a progress display (the CLI passes a rich one)."""
+
+    def start(self, total: int, done: int) -> None: ...
+    def update(self, accepted: int, candidates: int, last: CandidateRecord) -> None: ...
+    def stop(self) -> None: ...
+
+
+def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthReport:
+    progress = progress or _Progress()
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    run_file = out / "run.json"
+    if run_file.exists():
+        prev = json.loads(run_file.read_text())
+        if prev.get("identity") != json.loads(json.dumps(cfg.identity())):
+            raise ValueError(f"{out} holds a run with other settings {prev.get('identity')}; "
+                             "use another --out or the same --seed/composer settings")
+    run_file.write_text(json.dumps({"identity": cfg.identity(), "config": json.loads(cfg.model_dump_json()),
+                                    "torch": torch.__version__}, indent=1))
+    catalog_path = cfg.catalog or out / "catalog.jsonl"
+    seeds = load_or_crawl(catalog_path)
+    if cfg.composer == "llm":
+        composer = LLMComposer(seeds, cfg.llm or LLMConfig(), cfg.compose)
+    else:
+        composer = ProgrammaticComposer(seeds, cfg.compose)
+    bench = BenchmarkIndex.from_dir(cfg.benchmark_dir) if cfg.benchmark_dir else None
+    static = StaticFilter(bench, cfg.decontam)
+
+    records = {r.index: r for r in read_records(out)}
+    for r in sorted(records.values(), key=lambda r: r.index):
+        if r.ast_hash and (r.rejection is None or r.rejection.filter not in ("duplicate", "invalid_source")):
+            static.remember(r.ast_hash, r.name)
+    accepted = sum(r.accepted for r in records.values())
+    accepted_before = accepted
+    limit = cfg.max_candidates or 50 * cfg.n
+    t0 = time.monotonic()
+    done_before = len(records)
+    progress.start(cfg.n, accepted)
+    log = _log_path(out).open("a", encoding="utf-8")
+    if log.tell() and not _log_path(out).read_bytes().endswith(b"\n"):
+        log.write("\n")    # an interrupted run cut its last line: start the next one cleanly
+
+    def record(rec: CandidateRecord) -> None:
+        nonlocal accepted
+        records[rec.index] = rec
+        accepted += rec.accepted
+        log.write(rec.model_dump_json() + "\n")
+        log.flush()
+        progress.update(accepted, len(records), rec)
+
+    pending: dict[Future, CandidateRecord] = {}
+    index = 0
+    try:
+        # the pool closes first on the way out: an interrupt kills the workers instead of waiting
+        # for their tasks (those candidates are not recorded and are redone on resume)
+        with ThreadPoolExecutor(cfg.workers) as ex, WorkerPool(cfg.filters, cfg.workers) as pool:
+            while True:
+                # keep every worker busy with one queued candidate behind it
+                while accepted + len(pending) < cfg.n + cfg.workers and len(pending) < 2 * cfg.workers \
+                        and index < limit and accepted < cfg.n:
+                    k = index
+                    index += 1
+                    if k in records:
+                        continue
+                    rec = _prepare(composer, static, cfg, k)
+                    if rec.rejection is not None:
+                        record(rec)
+                        continue
+                    pending[ex.submit(pool.check, rec.source)] = rec
+                if not pending:
+                    break
+                finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    rec = pending.pop(fut)
+                    record(_finish(rec, fut.result()))
+    finally:
+        log.close()
+        progress.stop()
+    wall = time.monotonic() - t0
+    from .export import export
+
+    ordered = sorted(records.values(), key=lambda r: r.index)
+    chosen = [r for r in ordered if r.accepted][: cfg.n]
+    exported = export(chosen, out)
+    new = len(records) - done_before
+    report = SynthReport(
+        accepted=len(chosen), candidates=len(records), rejected_by=rejection_table(ordered), wall_s=wall,
+        tasks_per_hour=(accepted - accepted_before) / wall * 3600 if wall > 0 else 0.0,
+        candidates_per_hour=new / wall * 3600 if wall > 0 else 0.0, exported=exported,
+        config=json.loads(cfg.model_dump_json()))
+    (out / "report.json").write_text(report.model_dump_json(indent=1))
+    return report
+
+
+def _prepare(composer, static: StaticFilter, cfg: SynthConfig, k: int) -> CandidateRecord:
+    seed = cfg.seed * SEED_STRIDE + k
+    rec = CandidateRecord(index=k, seed=seed, composer=cfg.composer)
+    try:
+        comp: Composition = composer.compose(seed)
+    except ComposeError as exc:
+        rec.rejection = Rejection(filter="compose_error", message=str(exc))
+        return rec
+    rec.name, rec.ops = comp.name, list(comp.ops)
+    rejection, near, digest = static.check(comp)
+    rec.ast_hash, rec.nearest, rec.rejection = digest, near, rejection
+    rec.source = comp.source if rejection is None else ""
+    return rec
+
+
+def _finish(rec: CandidateRecord, result: CheckResult) -> CandidateRecord:
+    rec.check = result.model_copy(update={"source": ""})
+    rec.accepted = result.accepted
+    rec.rejection = result.rejection
+    rec.source = result.source if result.accepted else ""
+    return rec

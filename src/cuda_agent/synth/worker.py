@@ -1,0 +1,405 @@
+"""Execution checks of one candidate task, run inside an isolated worker process.
+
+The parent (`filters.WorkerPool`) starts this module in a sandboxed process (own session,
+scrubbed environment, rlimits; see `cuda_agent.judge.sandbox`) and sends one JSON request per
+line on a pipe: `{"source": ..., "config": {...}}`. Each reply is one JSON line holding a
+`CheckResult`. Any exception while checking becomes a rejection with its reason; a crash or a
+hang of the whole process is seen by the parent (EOF or timeout), which kills the process group,
+records the rejection and starts a fresh worker.
+
+Checks, in order (the first failure is the verdict):
+  load, eager            the module imports, constructs and runs; outputs are float tensors
+  random_op              no op tagged `nondeterministic_seeded` runs and the RNG state is untouched
+  nondeterministic       two runs on identical inputs give identical outputs
+  train_eval_mismatch    train() and eval() give the same output
+  output_too_large       outputs beyond the judge's max_output_mb
+  nonfinite, constant_output, input_independent, degenerate (the judge's own warnings)
+  unused_parameter, unused_input   gradient, then perturbation, for what got no gradient
+  runtime_window         eager median in [min_ms, max_ms], BATCH rescaled toward it first
+  (the value checks are repeated on the rescaled task)
+  compile_error, compile_mismatch   torch.compile output matches eager (judge tolerances)
+
+Seeds: weights are built under INIT_SEED, inputs under INPUT_SEEDS; fixed so that a rerun of the
+pipeline checks exactly the same tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+import types
+import warnings
+from typing import Any
+
+INIT_SEED = 1234
+INPUT_SEEDS = (11, 22)
+
+
+class Reject(Exception):
+    def __init__(self, filter_name: str, message: str):
+        super().__init__(message)
+        self.filter = filter_name
+        self.message = message
+
+
+def _load(source: str):
+    module = types.ModuleType("synth_candidate")
+    module.__file__ = "<candidate>"
+    try:
+        exec(compile(source, "<candidate>", "exec", dont_inherit=True), module.__dict__)
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(module, name):
+                raise AttributeError(f"missing {name}")
+    except Exception as exc:
+        raise Reject("load_error", f"{type(exc).__name__}: {exc}") from None
+    return module
+
+
+def _flat(out: Any) -> list:
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flat(o)]
+    return [out]
+
+
+class Runner:
+    """A loaded candidate on one device: builds models and inputs under fixed seeds."""
+
+    def __init__(self, source: str, device: str):
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.module = _load(source)
+
+    def model(self):
+        torch = self.torch
+        torch.manual_seed(INIT_SEED)
+        try:
+            m = self.module.Model(*self.module.get_init_inputs())
+            return m.to(self.device)
+        except Exception as exc:
+            raise Reject("eager_error", f"constructing Model: {type(exc).__name__}: {exc}") from None
+
+    def inputs(self, seed: int) -> list:
+        torch = self.torch
+        torch.manual_seed(seed)
+        try:
+            xs = list(self.module.get_inputs())
+        except Exception as exc:
+            raise Reject("eager_error", f"get_inputs: {type(exc).__name__}: {exc}") from None
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in xs]
+
+    def run(self, model, xs, what: str = "forward") -> list:
+        torch = self.torch
+        try:
+            with torch.no_grad():
+                outs = _flat(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in xs]))
+        except Reject:
+            raise
+        except Exception as exc:
+            raise Reject("eager_error", f"{what}: {type(exc).__name__}: {str(exc)[:400]}") from None
+        if not outs or not all(isinstance(o, torch.Tensor) and o.is_floating_point() for o in outs):
+            kinds = [type(o).__name__ if not isinstance(o, torch.Tensor) else str(o.dtype) for o in outs]
+            raise Reject("eager_error", f"{what}: outputs must be floating tensors, got {kinds}")
+        return outs
+
+
+def _same(a: list, b: list, rel: float = 0.0) -> bool:
+    """Equal (rel=0) or equal within `rel` of the largest magnitude, NaN where NaN."""
+    import torch
+
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return False
+        if rel == 0.0:
+            if not torch.equal(torch.nan_to_num(x, 1e30), torch.nan_to_num(y, 1e30)):
+                return False
+            continue
+        x64, y64 = x.double(), y.double()
+        scale = float(x64.abs().max()) if x64.numel() else 0.0
+        if float((x64 - y64).abs().max()) > rel * max(scale, 1e-30):
+            return False
+    return True
+
+
+def random_ops(model, xs) -> list[str]:
+    """Names of the ATen ops tagged `nondeterministic_seeded` that one call of `model` runs."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seeded = torch.Tag.nondeterministic_seeded
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.random: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if seeded in getattr(func, "tags", ()):
+                self.random.add(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    rec = Recorder()
+    with torch.no_grad(), rec:
+        model(*xs)
+    return sorted(rec.random)
+
+
+def _rng_states(torch, device: str) -> list:
+    states = [torch.get_rng_state()]
+    if device == "cuda":
+        states.append(torch.cuda.get_rng_state())
+    return states
+
+
+def value_checks(r: Runner, cfg: dict, full: bool) -> dict:
+    """Randomness, determinism, train/eval, degeneracy and (when `full`) use of every input."""
+    torch = r.torch
+    model = r.model()
+    xs = r.inputs(INPUT_SEEDS[0])
+    before = _rng_states(torch, r.device)
+    out = r.run(model, xs)
+    after = _rng_states(torch, r.device)
+    random = random_ops(model, xs)
+    if random:
+        raise Reject("random_op", f"forward runs random ops: {', '.join(random)}")
+    if any(not torch.equal(a, b) for a, b in zip(before, after)):
+        raise Reject("random_op", "forward consumes the random number generator")
+    again = r.run(model, xs, "second run")
+    if not _same(out, again, cfg["det_rel"]):
+        raise Reject("nondeterministic", "two runs on identical inputs give different outputs")
+    out_mb = sum(o.numel() * o.element_size() for o in out) / 2**20
+    if out_mb > cfg["max_output_mb"]:
+        raise Reject("output_too_large", f"outputs take {out_mb:.0f} MiB > {cfg['max_output_mb']} MiB (the judge's limit)")
+    model.eval()
+    ev = r.run(model, xs, "eval-mode run")
+    model.train()
+    if not _same(out, ev, cfg["det_rel"]):
+        raise Reject("train_eval_mismatch", "output in eval() mode differs from train() mode")
+    for i, o in enumerate(out):
+        if not bool(torch.isfinite(o).all()):
+            n = int((~torch.isfinite(o)).sum())
+            raise Reject("nonfinite", f"output {i}: {n} of {o.numel()} values are NaN or Inf")
+        if o.numel() > 1 and float(o.max() - o.min()) <= 1e-6 * (1.0 + float(o.abs().max())):
+            raise Reject("constant_output", f"output {i} is constant ({float(o.reshape(-1)[0]):.4g})")
+    other = r.run(model, r.inputs(INPUT_SEEDS[1]), "run on other inputs")
+    if _same(out, other, max(1e-7, cfg["det_rel"])):
+        raise Reject("input_independent", "outputs do not change when the inputs change")
+    from cuda_agent.judge.compare import degenerate_warnings
+
+    warns = degenerate_warnings([[o.cpu() for o in out], [o.cpu() for o in other]],
+                                atol=cfg["atol"], rtol=cfg["rtol"])
+    if warns:
+        raise Reject("degenerate", "; ".join(warns))
+    info: dict = {"output_shapes": [list(o.shape) for o in out],
+                  "input_shapes": [list(x.shape) for x in xs if isinstance(x, torch.Tensor)],
+                  "n_params": sum(p.numel() for p in model.parameters())}
+    if full:
+        _usage(r, model, xs, out, max(1e-7, cfg["det_rel"]))
+    return info
+
+
+def _usage(r: Runner, model, xs: list, out: list, tol: float) -> None:
+    """Every parameter and every tensor input must influence the output (beyond run-to-run noise `tol`)."""
+    torch = r.torch
+    g = torch.Generator(device=r.device).manual_seed(7)
+    weights = [torch.randn(o.shape, generator=g, device=o.device, dtype=o.dtype) for o in out]
+    inputs = [x.clone().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+              for x in xs]
+    model.zero_grad(set_to_none=True)
+    try:
+        with torch.enable_grad():
+            outs = _flat(model(*inputs))
+            loss = sum((o * w).sum() for o, w in zip(outs, weights) if o.requires_grad)
+            if isinstance(loss, torch.Tensor):
+                loss.backward()
+    except Exception:  # ops without a backward: the perturbation test alone decides
+        model.zero_grad(set_to_none=True)
+    params = dict(model.named_parameters())
+    suspects = [n for n, p in params.items() if p.grad is None or not bool(p.grad.abs().gt(0).any())]
+    in_suspects = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
+                   and (not x.requires_grad or x.grad is None or not bool(x.grad.abs().gt(0).any()))]
+    model.zero_grad(set_to_none=True)
+    for name in suspects:
+        p = params[name]
+        saved = p.detach().clone()
+        with torch.no_grad():
+            p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) * (saved.std() + 1) + 1)
+        changed = not _same(out, r.run(model, xs, f"run with {name} perturbed"), tol)
+        with torch.no_grad():
+            p.copy_(saved)
+        if not changed:
+            raise Reject("unused_parameter", f"parameter {name} does not influence the output")
+    for i in in_suspects:
+        x = xs[i]
+        if x.is_floating_point():
+            y = torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype) * (x.std() + 1) + 1
+        else:
+            lo, hi = int(x.min()), int(x.max())
+            y = torch.randint(lo, hi + 2, x.shape, generator=g, device=x.device, dtype=x.dtype)
+        ys = list(xs)
+        ys[i] = y
+        if _same(out, r.run(model, ys, f"run with input {i} perturbed"), tol):
+            raise Reject("unused_input", f"input {i} does not influence the output")
+
+
+def eager_ms(r: Runner, cfg: dict) -> float:
+    from cuda_agent.judge.timing import CallTimer
+
+    torch = r.torch
+    model = r.model()
+    xs = r.inputs(INPUT_SEEDS[0])
+    timer = CallTimer(r.device)
+    times = []
+    deadline = time.monotonic() + cfg["timing_budget_s"]
+    with torch.no_grad():
+        for i in range(cfg["n_warmup"] + cfg["n_timed"]):
+            timer.start()
+            model(*xs)
+            ms = timer.stop()
+            if i >= cfg["n_warmup"]:
+                times.append(ms)
+            if time.monotonic() > deadline and times:
+                break
+    return statistics.median(times)
+
+
+def _per_sample_mb(r: Runner, batch: int) -> float:
+    """The larger of input and output memory per sample (both grow with BATCH)."""
+    torch = r.torch
+    xs = r.inputs(INPUT_SEEDS[0])
+    in_mb = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor)) / 2**20
+    out_mb = sum(o.numel() * o.element_size() for o in r.run(r.model(), xs)) / 2**20
+    return max(in_mb / max(1, batch), out_mb / max(1, batch), 1e-9)
+
+
+def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int]]:
+    """Time the task and rescale BATCH toward the window; returns the final source and its time."""
+    from cuda_agent.synth.compose import get_batch, set_batch
+
+    lo, hi = cfg["min_ms"], cfg["max_ms"]
+    target = cfg.get("target_ms") or math.sqrt(lo * hi)
+    r = Runner(source, cfg["device"])
+    ms = eager_ms(r, cfg)
+    batches = [b] if (b := get_batch(source)) is not None else []
+    for _ in range(cfg["max_rescales"]):
+        if lo <= ms <= hi or not batches:
+            break
+        batch = batches[-1]
+        per_sample_mb = _per_sample_mb(r, batch)
+        limit = max(1, int(min(cfg["max_input_mb"], cfg["max_output_mb"]) / per_sample_mb))
+        new = max(1, min(limit, round(batch * target / max(ms, 1e-6))))
+        if new == batch:
+            break
+        source = set_batch(source, new)
+        r = Runner(source, cfg["device"])
+        try:
+            ms = eager_ms(r, cfg)
+        except Reject:
+            raise
+        except Exception as exc:  # out of memory at the new size, most likely
+            raise Reject("runtime_window", f"rescaled to BATCH={new}: {type(exc).__name__}: {exc}") from None
+        batches.append(new)
+    if not lo <= ms <= hi:
+        how = f" after rescaling BATCH {' -> '.join(map(str, batches))}" if len(batches) > 1 else ""
+        raise Reject("runtime_window", f"eager {ms:.4g} ms outside [{lo:g}, {hi:g}] ms{how}")
+    return source, r, ms, batches
+
+
+def compile_check(r: Runner, cfg: dict) -> float:
+    from cuda_agent.judge.compare import compare_outputs
+    from cuda_agent.judge.timing import CallTimer
+
+    torch = r.torch
+    torch._dynamo.reset()
+    model = r.model()
+    xs = r.inputs(INPUT_SEEDS[0])
+    expected = r.run(model, xs)
+    try:
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            got = _flat(compiled(*xs))
+    except Exception as exc:
+        raise Reject("compile_error", f"{type(exc).__name__}: {str(exc)[:400]}") from None
+    cmp = compare_outputs([e.cpu() for e in expected], [g.cpu() if isinstance(g, torch.Tensor) else g for g in got],
+                          atol=cfg["atol"], rtol=cfg["rtol"], max_rel_l2=cfg["max_rel_l2"])
+    if not cmp.ok:
+        raise Reject("compile_mismatch", cmp.message)
+    timer = CallTimer(r.device)
+    times = []
+    with torch.no_grad():
+        for i in range(cfg["n_warmup"] + cfg["n_timed"]):
+            timer.start()
+            compiled(*xs)
+            ms = timer.stop()
+            if i >= cfg["n_warmup"]:
+                times.append(ms)
+    return statistics.median(times)
+
+
+def check(source: str, cfg: dict) -> dict:
+    """All execution checks of one task. Returns a CheckResult as a dict."""
+    t0 = time.monotonic()
+    result: dict = {"accepted": False, "rejection": None, "passed": [], "source": source}
+    try:
+        r = Runner(source, cfg["device"])
+        r.run(r.model(), r.inputs(INPUT_SEEDS[0]))
+        result["passed"].append("eager")
+        value_checks(r, cfg, full=True)
+        result["passed"] += ["random", "train_eval", "degenerate", "usage"]
+        final, r, ms, batches = runtime_window(source, cfg)
+        result.update(source=final, eager_ms=ms, batches=batches)
+        result["passed"].append("runtime_window")
+        result.update(value_checks(r, cfg, full=False))
+        if cfg["compile"]:
+            result["compile_ms"] = compile_check(r, cfg)
+            result["passed"].append("compile")
+        result["accepted"] = True
+    except Reject as rej:
+        result["rejection"] = {"filter": rej.filter, "message": rej.message[:2000]}
+    except Exception as exc:  # a checker bug must still yield a record, not kill the worker
+        result["rejection"] = {"filter": "worker_error",
+                               "message": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"}
+    result["check_s"] = time.monotonic() - t0
+    # a CUDA error (illegal address, launch failure) poisons the context for every later task:
+    # ask the parent for a fresh process after this reply
+    msg = (result["rejection"] or {}).get("message", "")
+    result["restart"] = cfg["device"] == "cuda" and ("CUDA error" in msg or "AcceleratorError" in msg)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    req_fd, rep_fd = int(argv[0]), int(argv[1])
+    warnings.simplefilter("ignore")
+    import torch
+
+    threads = int(os.environ.get("CUDA_AGENT_SYNTH_THREADS", "1"))
+    torch.set_num_threads(max(1, threads))
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = False   # the judge's references are true fp32
+        torch.backends.cudnn.allow_tf32 = False
+    rep = os.fdopen(rep_fd, "w", buffering=1)
+    rep.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
+    with os.fdopen(req_fd, "r") as req:
+        for line in req:
+            if not line.strip():
+                continue
+            msg = json.loads(line)
+            if msg.get("op") == "exit":
+                break
+            out = check(msg["source"], msg["config"])
+            rep.write(json.dumps(out) + "\n")
+            if out["restart"]:
+                break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,196 @@
+"""Each filter rejects its planted bad case, with its reason, and keeps the honest task.
+
+Execution filters run in real sandboxed worker processes (CPU, torch.compile off except in the
+one compile test); a crash or a hang of a task must cost only that task.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cuda_agent.synth.compose import Composition
+from cuda_agent.synth.decontam import BenchmarkIndex, DecontamConfig, operator_sequence
+from cuda_agent.synth.filters import FilterConfig, StaticFilter, Worker, WorkerPool
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\nBATCH = 16\n\n"
+TAIL_1 = "\n\ndef get_inputs():\n    return [torch.randn(BATCH, 64)]\n\n\ndef get_init_inputs():\n    return []\n"
+
+
+def task(init: str, forward: str, tail: str = TAIL_1, head: str = HEAD) -> str:
+    return (head + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            + "".join(f"        {ln}\n" for ln in (init.splitlines() or ["pass"]))
+            + "\n    def forward(self, x):\n" + "".join(f"        {ln}\n" for ln in forward.splitlines()) + tail)
+
+
+GOOD = task("self.fc = nn.Linear(64, 128)", "return F.gelu(self.fc(x))")
+PLANTED = {
+    "random_op": task("self.fc = nn.Linear(64, 64)", "return F.dropout(self.fc(x), 0.5, self.training)"),
+    "nondeterministic": task("self.calls = 0", "self.calls += 1\nreturn x * self.calls"),
+    "train_eval_mismatch": task("self.bn = nn.BatchNorm1d(64)", "return self.bn(x)"),
+    "nonfinite": task("", "return torch.log(x)"),
+    "constant_output": task("", "return torch.zeros_like(x) + 3.0"),
+    "input_independent": task("self.w = nn.Parameter(torch.randn(64))", "return self.w.expand(x.shape[0], 64) + 0.0 * x.sum()"),
+    "degenerate": task("", "return x * 1e-6"),
+    "unused_parameter": task("self.fc = nn.Linear(64, 64)\nself.unused = nn.Linear(64, 64)", "return torch.relu(self.fc(x))"),
+    "unused_input": task("", "return torch.tanh(x)",
+                         tail="\n\ndef get_inputs():\n    return [torch.randn(BATCH, 64)]\n\n\ndef get_init_inputs():\n    return []\n")
+    .replace("def forward(self, x):", "def forward(self, x, y):").replace("return [torch.randn(BATCH, 64)]", "return [torch.randn(BATCH, 64), torch.randn(BATCH, 64)]"),
+    "eager_error": task("self.fc = nn.Linear(32, 64)", "return self.fc(x)"),
+    "load_error": task("", "return x").replace("import torch\n", "import torch\nimport no_such_module_here\n"),
+}
+
+
+def fast_config(**kw) -> FilterConfig:
+    base = dict(device="cpu", min_ms=0.0, max_ms=1e4, compile=False, timeout_s=60, n_timed=3, n_warmup=1)
+    return FilterConfig(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(fast_config(), 1) as p:
+        yield p
+
+
+def test_honest_task_is_kept(pool):
+    r = pool.check(GOOD)
+    assert r.accepted and r.rejection is None, r
+    assert r.eager_ms is not None and r.eager_ms > 0
+    assert r.input_shapes == [[16, 64]] and r.output_shapes == [[16, 128]]
+    assert {"eager", "random", "train_eval", "degenerate", "usage", "runtime_window"} <= set(r.passed)
+
+
+@pytest.mark.parametrize("expected", sorted(PLANTED))
+def test_planted_bad_case_is_rejected_with_its_reason(pool, expected):
+    r = pool.check(PLANTED[expected])
+    assert not r.accepted
+    assert r.rejection is not None and r.rejection.filter == expected, r.rejection
+    assert r.rejection.message
+
+
+def test_random_op_reason_names_the_op(pool):
+    r = pool.check(task("", "return x + torch.rand_like(x)"))
+    assert r.rejection.filter == "random_op" and "rand" in r.rejection.message
+
+
+def test_runtime_window_rescales_batch_toward_the_window_and_rejects_what_cannot_reach_it():
+    slow_enough = task("self.fc = nn.Linear(64, 256)", "return F.gelu(self.fc(x))").replace("BATCH = 16", "BATCH = 1")
+    with WorkerPool(fast_config(min_ms=0.3, max_ms=50.0, n_timed=5), 1) as p:
+        r = p.check(slow_enough)
+        assert r.accepted, r.rejection
+        assert r.batches[0] == 1 and r.batches[-1] > 1 and "BATCH = 1\n" not in r.source
+        assert 0.3 <= r.eager_ms <= 50.0
+        fixed = slow_enough.replace("BATCH = 1\n", "").replace("BATCH", "1")   # no constant to rescale
+        r = p.check(fixed)
+        assert r.rejection is not None and r.rejection.filter == "runtime_window"
+        assert "outside [0.3, 50]" in r.rejection.message
+
+
+def test_a_crashing_or_hanging_task_costs_only_that_task():
+    with WorkerPool(fast_config(timeout_s=8), 1) as p:
+        r = p.check(task("", "import os\nos.abort()"))
+        assert r.rejection.filter == "crash"
+        r = p.check(task("", "while True:\n    pass"))
+        assert r.rejection.filter == "timeout"
+        assert p.check(GOOD).accepted     # a fresh worker took over
+
+
+def test_worker_is_replaced_after_its_task_budget():
+    w = Worker(fast_config(tasks_per_worker=1), 0)
+    try:
+        assert w.check(GOOD).accepted and w.proc is None     # closed after one task
+        assert w.check(GOOD).accepted                         # and started afresh on demand
+    finally:
+        w.close()
+
+
+@pytest.mark.slow
+def test_compile_filter_keeps_a_matching_task_and_rejects_a_mismatch():
+    mismatch = task("", "if torch.compiler.is_compiling():\n    return x * 2.0\nreturn x * 3.0")
+    w = Worker(fast_config(compile=True, timeout_s=300), 0)
+    try:
+        r = w.check(GOOD)
+        assert r.accepted and r.compile_ms is not None and "compile" in r.passed, r.rejection
+        r = w.check(mismatch)
+        assert r.rejection is not None and r.rejection.filter == "compile_mismatch", r.rejection
+    finally:
+        w.close()
+
+
+BENCH_TASK = '''import torch
+import torch.nn as nn
+
+BATCH = 128
+
+
+class Model(nn.Module):
+    """Conv2d, ReLU, then a bias added after the activation."""
+
+    def __init__(self, in_channels, out_channels):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3)
+        self.bias = nn.Parameter(torch.randn(out_channels, 1, 1))
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) + self.bias
+
+
+def get_inputs():
+    return [torch.randn(BATCH, 64, 32, 32)]
+
+
+def get_init_inputs():
+    return [64, 128]
+'''
+
+
+def comp(source: str, name: str = "t") -> Composition:
+    return Composition(name=name, source=source, ops=("x",), seed=0, composer="programmatic")
+
+
+@pytest.fixture()
+def bench(tmp_path):
+    (tmp_path / "level2").mkdir()
+    (tmp_path / "level2" / "3_Conv2d_ReLU_BiasAdd.py").write_text(BENCH_TASK)
+    (tmp_path / "level1").mkdir()
+    (tmp_path / "level1" / "19_ReLU.py").write_text(task("", "return torch.relu(x)"))
+    (tmp_path / "scripts.py").write_text("print('not a task')\n")
+    return BenchmarkIndex.from_dir(tmp_path)
+
+
+def test_benchmark_index_reads_tasks_and_skips_other_files(bench):
+    assert len(bench) == 2 and bench.skipped == 1
+
+
+def test_near_copy_of_a_benchmark_file_is_contaminated(bench):
+    renamed = (BENCH_TASK.replace("self.conv", "self.c").replace("BATCH", "N").replace("128", "96")
+               .replace("in_channels", "cin").replace('"""Conv2d, ReLU, then a bias added after the activation."""', ""))
+    rej, near, _ = StaticFilter(bench).check(comp(renamed))
+    assert rej is not None and rej.filter == "contaminated" and "3_Conv2d_ReLU_BiasAdd" in rej.message
+    assert near.ast_equal
+    # same ops written another way: caught by the operator sequence
+    other = task("self.conv = nn.Conv2d(64, 32, 3)\nself.b = nn.Parameter(torch.zeros(32, 1, 1))",
+                 "y = F.relu(self.conv(x))\nreturn torch.add(y, self.b)")
+    assert operator_sequence(other) == operator_sequence(BENCH_TASK) == ["conv2d", "relu", "add"]
+    rej, near, _ = StaticFilter(bench).check(comp(other))
+    assert rej is not None and rej.filter == "contaminated" and near.ops == 1.0
+
+
+def test_distinct_task_passes_decontamination_with_its_nearest_recorded(bench):
+    rej, near, _ = StaticFilter(bench).check(comp(GOOD))
+    assert rej is None
+    assert near is not None and near.name and near.score < 0.8
+
+
+def test_thresholds_are_configurable(bench):
+    strict = StaticFilter(bench, DecontamConfig(minhash_threshold=0.05, ops_threshold=0.05))
+    rej, _, _ = strict.check(comp(GOOD))
+    assert rej is not None and rej.filter == "contaminated"
+
+
+def test_duplicates_up_to_names_and_sizes_are_removed():
+    f = StaticFilter()
+    assert f.check(comp(GOOD, "a"))[0] is None
+    resized = GOOD.replace("128", "256").replace("self.fc", "self.proj")
+    rej = f.check(comp(resized, "b"))[0]
+    assert rej is not None and rej.filter == "duplicate" and "a" in rej.message
+    assert f.check(comp("x = 1\n", "c"))[0].filter == "invalid_source"

@@ -1,0 +1,96 @@
+"""The pipeline end to end on the CPU: export readable by our loaders (and HF datasets), the CLI
+runs in parallel workers, resumes, prints the rejection table and refuses a changed seed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _synth_helpers import torch_catalog
+from cuda_agent.synth.catalog import write_catalog
+from cuda_agent.synth.filters import FilterConfig
+from cuda_agent.synth.pipeline import SynthConfig, read_records, run_synth
+from cuda_agent.tasks import iter_jsonl_tasks, iter_parquet_tasks, load_tasks
+
+SUITE = Path(__file__).resolve().parents[1] / "src" / "cuda_agent" / "suite" / "cuda"
+
+
+@pytest.fixture(scope="module")
+def catalog_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("catalog") / "catalog.jsonl"
+    write_catalog(path, list(torch_catalog()[0]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, catalog_file):
+    out = tmp_path_factory.mktemp("synth")
+    cfg = SynthConfig(n=5, out=out, seed=3, workers=2, catalog=catalog_file, benchmark_dir=SUITE,
+                      compose={"profile": "cpu"},
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60))
+    return cfg, run_synth(cfg)
+
+
+def test_export_round_trips_through_our_loaders(run):
+    cfg, report = run
+    assert report.accepted == report.exported == 5
+    records = sorted(read_records(cfg.out), key=lambda r: r.index)
+    assert [r.index for r in records] == list(range(len(records))) and len(records) == report.candidates
+    assert sum(report.rejected_by.values()) + sum(r.accepted for r in records) == report.candidates
+    for r in records:
+        assert r.accepted == (r.rejection is None) and (r.rejection is None or r.rejection.message)
+    accepted = [r for r in records if r.accepted][:5]
+    for tasks in (list(iter_parquet_tasks(cfg.out / "tasks.parquet")), list(iter_jsonl_tasks(cfg.out / "tasks.jsonl")),
+                  load_tasks(cfg.out / "tasks.parquet")):
+        assert [t.source for t in tasks] == [r.source for r in accepted]
+        for t, r in zip(tasks, accepted):
+            assert t.ops == tuple(r.ops) and t.data_source == f"torch#{len(r.ops)}"
+            assert t.name == f"{r.index}_{r.name}" and t.metadata["task_id"] == t.id
+            assert float(t.metadata["eager_ms"]) == pytest.approx(r.check.eager_ms)
+            assert t.metadata["nearest_benchmark"].endswith(".py")
+            assert "runtime_window" in json.loads(t.metadata["filter_report"])["passed"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="HF datasets not installed")
+def test_export_is_readable_by_hf_datasets(run):
+    import datasets
+
+    cfg, _ = run
+    ds = datasets.load_dataset("parquet", data_files=str(cfg.out / "tasks.parquet"), split="train",
+                               cache_dir=str(cfg.out / ".hf-cache"))
+    assert len(ds) == 5 and {"ops", "data_source", "code"} <= set(ds.column_names)
+    assert json.loads(ds[0]["ops"]) and ds[0]["data_source"].startswith("torch#")
+
+
+def _cli(args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "cuda_agent.cli", "synth", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def test_cli_runs_resumes_and_prints_the_rejection_table(tmp_path, catalog_file):
+    out = tmp_path / "out"
+    common = ["--out", str(out), "--workers", "2", "--device", "cpu", "--min-ms", "0.02", "--max-ms", "200",
+              "--catalog", str(catalog_file), "--seed", "5"]
+    first = _cli(["--n", "3", *common])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "removed by each filter" in first.stdout and "accepted" in first.stdout and "tasks/hour" in first.stdout
+    before = read_records(out)
+    assert sum(r.accepted for r in before) >= 3
+    with (out / "candidates.jsonl").open("a") as fh:
+        fh.write('{"index": 999, "se')                     # a line cut by an interrupted run
+    second = _cli(["--n", "5", *common])
+    assert second.returncode == 0, second.stderr[-3000:]
+    after = read_records(out)
+    indices = [r.index for r in after]
+    assert len(indices) == len(set(indices))                 # nothing redone
+    assert after[: len(before)] == before                     # the first run's records are kept as they were
+    assert len(list(iter_parquet_tasks(out / "tasks.parquet"))) == 5
+    third = _cli(["--n", "5", *common[:-1], "6"])            # another seed into the same folder
+    assert third.returncode == 3 and "other settings" in third.stderr
