@@ -38,19 +38,27 @@ def _fail(message: str, code: int = EXIT_JUDGE) -> None:
     raise typer.Exit(code)
 
 
+def read_settings(path: Optional[Path]) -> dict:
+    """A settings file (TOML by its suffix, else JSON) as a dict; a usage error (exit 2) if unreadable."""
+    if path is None:
+        return {}
+    try:
+        text = path.read_text()
+        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as exc:
+        _fail(f"{path}: {exc}", 2)
+    if not isinstance(values, dict):
+        _fail(f"{path}: expected a table of settings", 2)
+    return values
+
+
 def build_config(config: Optional[Path], sets: Optional[list[str]], **flags):
     from pydantic import ValidationError
 
     from cuda_agent.judge import JudgeConfig
 
-    values: dict = {}
-    if config is not None:
-        try:
-            text = config.read_text()
-            values = tomllib.loads(text) if config.suffix == ".toml" else json.loads(text)
-        except (OSError, ValueError) as exc:
-            _fail(f"{config}: {exc}", 2)
-        values = values.get("judge", values)
+    values = read_settings(config)
+    values = values.get("judge", values)
     for item in sets or []:
         key, sep, raw = item.partition("=")
         if not sep:

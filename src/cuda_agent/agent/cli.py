@@ -6,8 +6,6 @@ Registered on the main app by `cuda_agent.cli`; heavy imports stay inside the co
 from __future__ import annotations
 
 import inspect
-import json
-import tomllib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -67,21 +65,14 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
     """Model client, judge gate and agent settings: flags over the settings file over the environment."""
     from pydantic import ValidationError
 
-    from cuda_agent.cli import build_config
+    from cuda_agent.cli import build_config, read_settings
 
     from .client import ChatClient, ModelConfig, ModelError
     from .loop import AgentConfig
     from .tools import JudgeGate
 
     judge_config = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
-    values: dict = {}
-    if agent_file is not None:
-        try:
-            text = agent_file.read_text()
-            values = tomllib.loads(text) if agent_file.suffix == ".toml" else json.loads(text)
-        except (OSError, ValueError) as exc:
-            err.print(f"[red]error:[/red] {agent_file}: {exc}")
-            raise typer.Exit(2)
+    values = read_settings(agent_file)
 
     def merged(section: str, **flags) -> dict:
         return {**values.get(section, {}), **{k: v for k, v in flags.items() if v is not None}}

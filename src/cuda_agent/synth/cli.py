@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -81,15 +79,10 @@ def synth_cmd(
 
     from .pipeline import SynthConfig, run_synth
 
-    values: dict = {}
-    if config is not None:
-        try:
-            text = config.read_text()
-            values = tomllib.loads(text) if config.suffix == ".toml" else json.loads(text)
-        except (OSError, ValueError) as exc:
-            err.print(f"[red]error:[/red] {config}: {exc}")
-            raise typer.Exit(2)
-        values = values.get("synth", values)
+    from cuda_agent.cli import read_settings
+
+    values = read_settings(config)
+    values = values.get("synth", values)
     dev = device or values.get("filters", {}).get("device") or default_device()
     filters = dict(values.get("filters", {}), device=dev)
     for key, val in (("min_ms", min_ms), ("max_ms", max_ms), ("compile", compile_check), ("timeout_s", timeout)):
