@@ -204,10 +204,10 @@ def open_judge(Judge, config):
 def compile_units(since: float) -> dict[str, float]:
     """Seconds per compiled file of the builds that finished after `since` (from ninja's own log in
     the judge's build folders): where a cold build spends its time."""
-    from cuda_agent.judge.harness import _work_root
+    from cuda_agent.judge.sandbox import work_root_dir
 
     out: dict[str, float] = {}
-    for log in (_work_root() / "build").glob("*/out/.ninja_log"):
+    for log in (work_root_dir() / "build").glob("*/out/.ninja_log"):
         if log.stat().st_mtime < since:
             continue
         last: dict[str, float] = {}

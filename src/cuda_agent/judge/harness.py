@@ -39,7 +39,7 @@ from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
-from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv
+from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv, work_root_dir
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
@@ -64,13 +64,6 @@ def _package_files() -> dict[str, str]:
         if path.is_file() and path.suffix in {".py", ".h", ".cpp"} and "suite" not in path.parts:
             out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
-
-
-def _work_root() -> Path:
-    root = Path(os.environ.get("CUDA_AGENT_WORK", f"/var/tmp/cuda-agent-{os.geteuid()}"))
-    root.mkdir(parents=True, exist_ok=True)
-    os.chmod(root, 0o711)
-    return root
 
 
 class _Reference:
@@ -186,7 +179,7 @@ class Judge:
             arch = f"{major}.{minor}"
         self.arch = arch
         self.uid = (config.sandbox_uid or 61000 + os.getpid() % 4000) if is_root() else None
-        self.work_root = _work_root()
+        self.work_root = work_root_dir()
         self._zygote: Zygote | None = None
         self._spare: tuple[Sandboxed, socket.socket] | None = None  # a worker started ahead of need
         self._launches = 0

@@ -489,6 +489,15 @@ def python_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-I", "-m", module, *args]
 
 
+def work_root_dir() -> Path:
+    """The judge's working folder (builds, candidate runs): CUDA_AGENT_WORK, or one per user under
+    /var/tmp. Traversable but not listable by the sandbox uids."""
+    root = Path(os.environ.get("CUDA_AGENT_WORK", f"/var/tmp/cuda-agent-{os.geteuid()}"))
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o711)
+    return root
+
+
 def new_workdir(parent: Path, prefix: str) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))

@@ -90,11 +90,11 @@ class _CompileServer:
     clean-up kills every process of its uid, so two builders never share one."""
 
     def __init__(self, spec: WorkerSpec):
-        from cuda_agent.judge.harness import _work_root
+        from cuda_agent.judge.sandbox import work_root_dir
 
         self.spec = spec
         self.config = spec.config
-        self.work_root = _work_root()
+        self.work_root = work_root_dir()
         self.builders: dict = {}
         self._zygote = None
 

@@ -119,10 +119,11 @@ class CheckResult(BaseModel):
     check_s: float = 0.0
 
 
-def _work_root() -> Path:
-    root = Path(os.environ.get("CUDA_AGENT_WORK", f"/var/tmp/cuda-agent-{os.geteuid()}")) / "synth"
-    root.mkdir(parents=True, exist_ok=True)
-    os.chmod(root.parent, 0o711)
+def synth_root_dir() -> Path:
+    from cuda_agent.judge.sandbox import work_root_dir
+
+    root = work_root_dir() / "synth"
+    root.mkdir(exist_ok=True)
     os.chmod(root, 0o711)
     return root
 
@@ -146,7 +147,7 @@ class Worker:
         cfg = self.config
         spec = SandboxSpec(
             argv=python_argv("cuda_agent.synth.worker", str(req_r), str(rep_w)),
-            workdir=new_workdir(_work_root(), f"worker{self.slot}-"), uid=self.UID_BASE + self.slot,
+            workdir=new_workdir(synth_root_dir(), f"worker{self.slot}-"), uid=self.UID_BASE + self.slot,
             pass_fds=(req_r, rep_w), max_procs=256,
             address_space_mb=None if cfg.device == "cuda" else cfg.memory_limit_mb * 2,
             env={"CUDA_AGENT_SYNTH_THREADS": str(cfg.threads_per_worker),
