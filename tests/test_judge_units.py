@@ -236,3 +236,19 @@ def test_binary_import_check():
                        ("std::chrono::_V2::steady_clock::now()", "lenient"), ("connect", "lenient")]:
         assert policy.check_binary([sym], where, "cpu"), sym
     assert policy.check_binary(["at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"], "lenient", "cpu") == []
+
+
+def test_recorded_calls_leave_two_timed_calls():
+    """A recorded call is not timed: the draw never leaves fewer than two timed calls, yet timed
+    calls are recorded too (a candidate cannot behave only while it is watched)."""
+    import random
+
+    from cuda_agent.judge.harness import _recorded_calls
+
+    roles = ["check"] * 5 + ["warmup"] * 3 + ["timed"] * 3
+    rng = random.Random(0)
+    draws = [_recorded_calls(roles, rng) for _ in range(2000)]
+    for rec in draws:
+        assert 0 in rec and len(rec) == 3
+        assert sum(i not in rec for i in range(8, 11)) >= 2
+    assert any(rec & {8, 9, 10} for rec in draws)

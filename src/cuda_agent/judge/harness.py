@@ -157,6 +157,18 @@ def _to_list(out) -> list:
     return [out]
 
 
+def _recorded_calls(roles: list[str], rng: random.Random, k: int = 2) -> set[int]:
+    """The calls whose dispatched ops and kernels are recorded: the first, and `k` drawn from all
+    the others, timed ones included (a candidate must not know which of its calls are watched).
+    A recorded call is not timed, so draws that would leave fewer than two timed calls are redrawn."""
+    n = len(roles)
+    timed = [i for i, role in enumerate(roles) if role == "timed"]
+    while True:
+        recorded = {0} | set(rng.sample(range(1, n), k=min(k, n - 1)))
+        if sum(i not in recorded for i in timed) >= min(2, len(timed)):
+            return recorded
+
+
 class Judge:
     """A long-lived judge. `evaluate` never raises for a candidate's faults: it returns a Verdict."""
 
@@ -280,10 +292,8 @@ class Judge:
                 v.notes.append(f"parameters not copied from Model (different name or shape): "
                                f"{', '.join(session.ready['unmatched'][:8])}")
             t_phase = time.monotonic()
-            n = cfg.n_check + cfg.n_warmup + cfg.n_timed
             roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
-            rng = random.Random(secrets.randbits(64))
-            recorded = {0} | set(rng.sample(range(1, n), k=min(2, n - 1)))
+            recorded = _recorded_calls(roles, random.Random(secrets.randbits(64)))
             inside, outside = self._drive(session, ref, setup, roles, v, recorded, deadline)
             v.phase_s["calls"] = time.monotonic() - t_phase
         finally:
