@@ -169,7 +169,9 @@ def cold_variant(candidate, tag: str):
         if not candidate.kernels:
             return None
         kernels = {rel: f"{src}\n// cold run {tag}\n" for rel, src in candidate.kernels}
-        return Candidate.from_files(candidate.model_new, kernels, origin=f"{candidate.origin} (cold {tag})")
+        # One origin for every cold run: like an agent editing its workspace in place, ninja's
+        # persistent build folder keeps the objects of unchanged files (the fixed binding.cpp).
+        return Candidate.from_files(candidate.model_new, kernels, origin=f"{candidate.origin} (cold)")
     source = candidate.model_new
     for match in _CXX_STRING.finditer(source):
         target = match.group(1).split("=", 1)[0]

@@ -178,7 +178,7 @@ def verdict_text(v: Verdict, focus: Literal["verify", "profile", "submit"]) -> s
     lines.append(f"reward {v.reward:g} ({v.reward_reason})")
     if focus != "verify":
         build = "-" if v.build_s is None else f"{v.build_s:.1f} s{' (cached)' if v.build_cached else ''}"
-        phases = ", ".join(f"{k} {s:.1f} s" for k, s in v.phase_s.items() if s >= 0)
+        phases = ", ".join(f"{k} {s:.1f} s" for k, s in v.phase_s.items() if s >= 0 and ":" not in k)
         lines.append(f"build {build}; judged in {v.judge_s or 0:.1f} s ({phases})")
     lines += [f"note: {n}" for n in v.task_warnings + v.notes]
     return "\n".join(lines)

@@ -391,7 +391,11 @@ class Judge:
         expected_checks: list[list] = []
         idle_wall = idle_cpu = 0.0
         idle_mark: tuple[float, int] | None = None
+        # Where the calls phase goes (reported as phase_s "calls:*"): the judge's own reference
+        # work, the candidate's side of each call, the judge's checks, and the recorded calls.
+        split = dict.fromkeys(("reference", "candidate", "check", "recorded"), 0.0)
         for i, role in enumerate(roles):
+            t_ref = time.perf_counter()
             seed = secrets.randbits(63)
             inputs = self._inputs(ref, seed, i)
             expected = None
@@ -402,6 +406,8 @@ class Judge:
                     expected_checks.append([e.detach() if isinstance(e, torch.Tensor) else e for e in expected])
             if dev == "cuda":
                 torch.cuda.synchronize()
+            t_prepare = time.perf_counter()
+            split["reference"] += t_prepare - t_ref
             if idle_mark is not None:
                 # Between calls the candidate has nothing to do; CPU it burns here is work kept out
                 # of the timed window (watcher threads, precomputation, starving the judge).
@@ -419,8 +425,12 @@ class Judge:
                 torch.cuda.synchronize()  # the inputs are in place before the process hears of them
             chan.send({"op": "call", "index": i, "inputs": meta, "record": judged and i in recorded})
             reply = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
-            wall_ms = (time.perf_counter() - t_send) * 1e3
+            t_reply = time.perf_counter()
+            wall_ms = (t_reply - t_send) * 1e3
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
+            split["candidate"] += t_reply - t_prepare
+            if judged and i in recorded:
+                split["recorded"] += t_reply - t_prepare
             if not reply.get("ok"):
                 self._raise_reported(reply, v)
             claimed = _num(reply.get("inside_ms"))
@@ -428,11 +438,13 @@ class Judge:
             if judged:
                 self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, v, recorded,
                                  deadline)
+                split["check"] += time.perf_counter() - t_reply
             if role == "timed" and not (judged and i in recorded) and claimed is not None:
                 inside.append(claimed)
                 outside.append(measured)
             idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
         if judged:
+            v.phase_s.update({f"calls:{k}": x for k, x in split.items()})
             v.task_warnings = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
             if idle_cpu > 0.3 * idle_wall + 0.02:
                 raise _Stop(FC.TIMING, f"the candidate process used {idle_cpu * 1e3:.0f} ms of CPU time while it had "
@@ -468,9 +480,12 @@ class Judge:
             raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}): {cmp.message}")
         v.n_checked += 1
         # Every call's inputs come back (after its clock stopped) and are compared with what was sent:
-        # read in place from the shared GPU region, or asked for through the host plane.
+        # read in place where the process got views of them (the shared GPU region; the host plane
+        # on the CPU backend), asked for otherwise (CUDA without GPU sharing copies them over).
         if session.shared is not None:
             back = unpack(meta, session.calls, 0, plane.in_size, self.device)
+        elif self.device == "cpu":
+            back = unpack(meta, plane.view, 0, plane.in_size)
         else:
             session.chan.send({"op": "echo"})
             echo = self._recv(session.chan, session.proc, min(deadline, time.monotonic() + cfg.call_timeout_s),

@@ -70,10 +70,13 @@ def pack(values, view: Region, base: int, limit: int) -> list[dict]:
     return meta
 
 
-def unpack(meta, view: Region, base: int, limit: int, device: str | torch.device = "cpu") -> list:
+def unpack(meta, view: Region, base: int, limit: int, device: str | torch.device = "cpu", *,
+           share: bool = False) -> list:
     """Rebuild values from metadata, validating every field (the metadata may be hostile).
 
-    From a tensor region on `device` the tensors are views of the region (no copy)."""
+    From a tensor region on `device` the tensors are views of the region (no copy). From a host
+    memoryview they are private copies, unless `share` (CPU tensors only): then they are views, so
+    a write to them shows in the region."""
     if not isinstance(meta, list) or len(meta) > 256:
         raise TransportError("bad value list")
     out = []
@@ -87,15 +90,15 @@ def unpack(meta, view: Region, base: int, limit: int, device: str | torch.device
                 raise TransportError("bad scalar")
             out.append(value)
         elif kind == "list":
-            out.append(tuple(unpack(m.get("items"), view, base, limit, device)))
+            out.append(tuple(unpack(m.get("items"), view, base, limit, device, share=share)))
         elif kind == "tensor":
-            out.append(_tensor(m, view, base, limit, device))
+            out.append(_tensor(m, view, base, limit, device, share))
         else:
             raise TransportError(f"bad value kind {kind!r}")
     return out
 
 
-def _tensor(m: dict, view: Region, base: int, limit: int, device) -> torch.Tensor:
+def _tensor(m: dict, view: Region, base: int, limit: int, device, share: bool = False) -> torch.Tensor:
     dtype = DTYPES.get(m.get("dtype"))
     shape = m.get("shape")
     offset, nbytes = m.get("offset"), m.get("nbytes")
@@ -115,6 +118,8 @@ def _tensor(m: dict, view: Region, base: int, limit: int, device) -> torch.Tenso
     if isinstance(view, torch.Tensor):
         t = view[offset: offset + nbytes].view(dtype).reshape(shape)
         return t if t.device == torch.device(device) else t.to(device)
+    if share and str(device) == "cpu":
+        return torch.frombuffer(view[offset: offset + nbytes], dtype=torch.uint8).view(dtype).reshape(shape)
     flat = torch.frombuffer(bytearray(view[offset: offset + nbytes]), dtype=torch.uint8)
     t = flat.view(dtype).reshape(shape)
     return t.to(device) if str(device) != "cpu" else t

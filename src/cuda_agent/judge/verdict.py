@@ -80,7 +80,7 @@ class Verdict(BaseModel):
     build_s: float | None = None
     build_cached: bool | None = None
     judge_s: float | None = None
-    phase_s: dict[str, float] = Field(default_factory=dict)  # where the time went: build, baseline, start, calls
+    phase_s: dict[str, float] = Field(default_factory=dict)  # where the time went: build, baseline, start, calls (calls:* splits calls)
     max_abs_err: float | None = None
     max_rel_l2_err: float | None = None
     n_checked: int = 0

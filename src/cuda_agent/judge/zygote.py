@@ -54,7 +54,9 @@ def main(ctl_fd: int) -> int:
     import torch.utils._python_dispatch  # noqa: F401
     import torch.utils.cpp_extension  # noqa: F401
 
-    from . import buildjob, worker  # noqa: F401
+    from . import buildjob, worker
+
+    worker.warm_dispatch(torch)  # every forked worker inherits it
 
     if torch.cuda.is_initialized():  # would poison every child
         return 1
