@@ -241,6 +241,7 @@ def record(verdict, wall_s: float, since: float, **extra) -> dict:
         "candidate_hash": verdict.candidate_hash,
         "phase_s": dict(verdict.phase_s),
         "compile_units_s": compile_units(since),
+        "notes": list(verdict.notes),  # e.g. calls that fell back to host memory
         **extra,
     }
 
@@ -295,6 +296,8 @@ def describe(rec: dict) -> str:
         parts.append("units " + " ".join(f"{k}={v:.1f}" for k, v in rec["compile_units_s"].items()))
     if rec.get("failure"):
         parts.append(f"failure={rec['failure'].get('category')}: {rec['failure'].get('message', '')[:80]}")
+    if any("host memory" in n for n in rec.get("notes", [])):
+        parts.append("NOTE: per-call tensors went through host memory")
     return ", ".join(parts)
 
 

@@ -56,28 +56,56 @@ def sample_stats(out: Path) -> dict:
     }
 
 
-def judge_sample(out: Path, k: int, device: str) -> dict:
+def _judge_chunk(out: str, names: list[str], device: str, results) -> None:
+    """One judge process: the reference of each named task judged as its own candidate."""
     from cuda_agent.candidate import Candidate
     from cuda_agent.judge import Judge, JudgeConfig, JudgeError
     from cuda_agent.tasks import iter_parquet_tasks
 
-    tasks = list(iter_parquet_tasks(out / "tasks.parquet"))[:k]
-    passed, failed, warned = 0, [], 0
-    with Judge(JudgeConfig(device=device, policy="lenient", n_timed=5, compile_mode="none")) as judge:
+    wanted = set(names)
+    tasks = [t for t in iter_parquet_tasks(Path(out) / "tasks.parquet") if t.name in wanted]
+    # Five checked input sets as always; few timed calls: this checks the task, not a kernel's speed.
+    cfg = JudgeConfig(device=device, policy="lenient", n_warmup=1, n_timed=3, compile_mode="none")
+    with Judge(cfg) as judge:
         for t in tasks:
             cand = Candidate.from_source(t.source.replace("class Model(nn.Module):", "class ModelNew(nn.Module):"),
                                          origin=t.name)
             try:
                 v = judge.evaluate(t, cand)
             except JudgeError as exc:
-                failed.append({"task": t.name, "error": str(exc)[:300]})
+                results.put({"task": t.name, "ok": False, "error": str(exc)[:300]})
                 continue
-            if v.correct:
-                passed += 1
-            else:
-                failed.append({"task": t.name, "failure": v.failure.message[:300] if v.failure else "incorrect"})
-            warned += bool(v.task_warnings)
-    return {"judged": len(tasks), "passed": passed, "with_task_warnings": warned, "failures": failed[:20]}
+            results.put({"task": t.name, "ok": bool(v.correct), "warned": bool(v.task_warnings),
+                         "failure": (v.failure.message[:300] if v.failure else None) if not v.correct else None})
+
+
+def judge_sample(out: Path, k: int, device: str, parallel: int) -> dict:
+    """Judge the first `k` accepted tasks in `parallel` judge processes (each its own sandbox uid)."""
+    import multiprocessing as mp
+
+    from cuda_agent.tasks import iter_parquet_tasks
+
+    names = [t.name for t in iter_parquet_tasks(out / "tasks.parquet")][:k]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_judge_chunk, args=(str(out), names[i::parallel], device, results))
+             for i in range(max(1, parallel)) if names[i::parallel]]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    got: list[dict] = []
+    while len(got) < len(names) and (any(p.is_alive() for p in procs) or not results.empty()):
+        try:
+            got.append(results.get(timeout=1.0))
+        except Exception:  # queue.Empty: check the processes again
+            continue
+    for p in procs:
+        p.join()
+    failed = [g for g in got if not g["ok"]]
+    lost = len(names) - len(got)
+    return {"judged": len(got), "passed": len(got) - len(failed), "lost_to_crashed_judges": lost,
+            "with_task_warnings": sum(bool(g.get("warned")) for g in got), "failures": failed[:20],
+            "judge_s": time.monotonic() - t0, "parallel": len(procs)}
 
 
 def main() -> int:
@@ -92,8 +120,11 @@ def main() -> int:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="check torch.compile against eager (default: on for cuda, off for cpu)")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds of generation: start no new candidate after this (the sample may be short)")
     ap.add_argument("--benchmark-dir", type=Path, default=None)
     ap.add_argument("--judge-sample", type=int, default=0, help="judge this many accepted tasks (reference as candidate)")
+    ap.add_argument("--judge-parallel", type=int, default=4, help="judge processes for --judge-sample (default 4)")
     args = ap.parse_args()
 
     repo = Path(__file__).resolve().parents[1]
@@ -119,7 +150,7 @@ def main() -> int:
         fkw["compile"] = args.compile
     bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
     cfg = SynthConfig(n=args.n, out=args.out, seed=args.seed, workers=workers, benchmark_dir=bench,
-                      compose={"profile": device}, filters=FilterConfig(**fkw))
+                      compose={"profile": device}, filters=FilterConfig(**fkw), time_limit_s=args.time_limit)
     console = Console()
     t0 = time.monotonic()
     report = run_synth(cfg, _RichProgress(console))
@@ -130,7 +161,7 @@ def main() -> int:
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
               "sample": sample_stats(args.out)}
     if args.judge_sample:
-        result["judge"] = judge_sample(args.out, args.judge_sample, device)
+        result["judge"] = judge_sample(args.out, args.judge_sample, device, args.judge_parallel)
     (args.out / "throughput.json").write_text(json.dumps(result, indent=1))
     console.print_json(json.dumps({k: v for k, v in result.items() if k != "rejected_by"}))
     return 0

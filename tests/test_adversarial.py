@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import judge_cache_dir
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import FailureCategory, Judge, JudgeConfig
 from cuda_agent.tasks import load_task_file
@@ -89,7 +90,7 @@ def make_config(device: str, cache_dir: Path, policy: str = "strict") -> JudgeCo
 @pytest.fixture(scope="module")
 def judges(tmp_path_factory):
     """One Judge per (device, policy) for the whole module; builds are shared through one cache."""
-    cache_dir = tmp_path_factory.mktemp("judge-cache")
+    cache_dir = judge_cache_dir(tmp_path_factory, "judge-cache")
     created: dict[tuple[str, str], Judge] = {}
 
     def get(device: str, policy: str = "strict") -> Judge:

@@ -110,3 +110,19 @@ def test_help_explains_commands(env):
     assert res.returncode == 0 and "eval" in res.stdout and "bench" in res.stdout
     res = run_cli(["eval", "--help"], env)
     assert "--solution" in res.stdout and "--json" in res.stdout
+
+
+def test_build_ahead_fills_the_judges_cache(files, tmp_path):
+    """`cuda-agent build` compiles into the cache the judge reads: the later eval is a cache hit."""
+    task, sol = files
+    env = {**os.environ, "CUDA_AGENT_CACHE": str(tmp_path / "cache")}
+    res = run_cli(["build", str(sol), "--device", "cpu"], env)
+    assert res.returncode == 0, res.stderr
+    assert "1 built" in res.stderr and "0 failed" in res.stderr
+    res = run_cli(["eval", "--task", str(task), "--solution", str(sol), "--json", "--device", "cpu",
+                   "--compile-mode", "none", "-c", "n_timed=5"], env)
+    out = json.loads(res.stdout)
+    assert out["correct"] and out["build_cached"] is True
+    res = run_cli(["build", str(sol), "--device", "cpu"], env)
+    assert "0 built, 1 already cached" in res.stderr
+    assert run_cli(["build", str(tmp_path / "nope.py"), "--device", "cpu"], env).returncode == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import judge_cache_dir
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Judge, JudgeConfig
 from cuda_agent.suite import suite_solutions, suite_tasks
@@ -55,7 +56,7 @@ def test_cpu_tasks_are_deterministic_and_input_dependent(task: Task):
 
 @pytest.fixture(scope="module")
 def suite_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("suite-cache")
+    return judge_cache_dir(tmp_path_factory, "suite-cache")
 
 
 @pytest.fixture(scope="module")

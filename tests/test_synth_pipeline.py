@@ -94,3 +94,12 @@ def test_cli_runs_resumes_and_prints_the_rejection_table(tmp_path, catalog_file)
     assert len(list(iter_parquet_tasks(out / "tasks.parquet"))) == 5
     third = _cli(["--n", "5", *common[:-1], "6"])            # another seed into the same folder
     assert third.returncode == 3 and "other settings" in third.stderr
+
+
+def test_time_limit_stops_early_and_exports_what_was_accepted(tmp_path, catalog_file):
+    cfg = SynthConfig(n=500, out=tmp_path, seed=5, workers=1, catalog=catalog_file, compose={"profile": "cpu"},
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60),
+                      time_limit_s=0.5)
+    report = run_synth(cfg)
+    assert 0 < report.candidates < 500 and report.accepted < 500
+    assert report.exported == report.accepted == len(list(iter_parquet_tasks(tmp_path / "tasks.parquet")))

@@ -164,6 +164,53 @@ def bench_cmd(
         _fail(str(exc))
 
 
+@app.command("build")
+def build_cmd(
+    paths: Annotated[list[Path], typer.Argument(help="candidates: single-file ModelNew modules and/or workspace "
+                                                   "folders; a folder holding neither is searched one level down")],
+    parallel: Annotated[int, typer.Option("--parallel", "-j", min=1, help="builds run side by side")] = 4,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="compiler processes per build "
+                                                                      "(default: the cores shared out)")] = None,
+    device: DeviceOpt = None, policy: PolicyOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
+) -> None:
+    """Compile candidates into the judge's build cache ahead of judging, many at once.
+
+    A later `eval` or `bench` with the same settings finds them built. Single files are built from
+    their literal load_inline arguments (a call the judge can only learn by running the module is
+    left to the judge). Failed builds are counted, not reported: the judge reports them in its verdict.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cuda_agent.candidate import Candidate, CandidateError
+    from cuda_agent.pool.prebuild import build_ahead
+
+    cfg = build_config(config, set_, device=device, policy=policy)
+    candidates = []
+    for path in paths:
+        if not path.exists():
+            _fail(f"{path}: no such file or folder", 2)
+        inner = [path] if path.is_file() or (path / "model_new.py").exists() else sorted(
+            p for p in path.iterdir() if p.suffix == ".py" or (p / "model_new.py").exists())
+        for p in inner:
+            try:
+                candidates.append(Candidate.from_path(p))
+            except CandidateError as exc:
+                err.print(f"[yellow]skipped[/yellow] {p}: {exc}")
+    if not candidates:
+        _fail("no candidates found", 2)
+    with Progress(TextColumn("building"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err) as bar:
+        task = bar.add_task("build", total=len(candidates))
+        results = build_ahead(candidates, cfg, parallel=parallel, jobs=jobs,
+                              on_result=lambda _r: bar.advance(task))
+    built = sum(r.built for r in results)
+    cached = sum(r.cached for r in results)
+    failed = sum(len(r.failed) for r in results)
+    skipped = sum(1 for r in results if r.skipped and not r.specs)
+    err.print(f"{len(results)} candidates: {built} built, {cached} already cached, {failed} failed, "
+              f"{skipped} left to the judge")
+
+
 @app.command("report")
 def report_cmd(
     run_a: Annotated[str, typer.Argument(help="the run to report")],

@@ -183,3 +183,78 @@ def _value(node: ast.expr, names: dict[str, Any]) -> Any:
         if type(left) is type(right) and isinstance(left, (str, list, tuple)):
             return left + right
     raise _Unresolved(f"{type(node).__name__} expression is not a literal")
+
+
+class AheadResult(BaseModel):
+    """What `build_ahead` did for one candidate."""
+
+    origin: str
+    specs: int = 0
+    built: int = 0
+    cached: int = 0
+    failed: list[str] = []
+    skipped: list[str] = []
+    seconds: float = 0.0
+
+
+def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs: int | None = None,
+                on_result=None) -> list[AheadResult]:
+    """Build what the judge will ask for, for many candidates at once, into `config.cache_dir`.
+
+    `parallel` builds run side by side, each with `jobs` compiler processes (default: the cores
+    shared out). Each concurrent build has its own sandbox uid when running as root, because a
+    build's clean-up kills every process of its uid. A failed build is only counted: the judge
+    builds it again and reports the compiler's error in its verdict. `on_result` is called with
+    each `AheadResult` as it finishes (for a progress bar)."""
+    import os
+    import queue
+    import threading
+    import time
+
+    from cuda_agent.judge.build import Builder
+    from cuda_agent.judge.sandbox import work_root_dir
+
+    arch = config.arch
+    if config.device == "cuda" and arch is None:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        arch = f"{major}.{minor}"
+    parallel = max(1, min(parallel, len(candidates) or 1))
+    jobs = jobs or max(1, (os.cpu_count() or 2) // parallel)
+    base_uid = 61000 + 3 * 4000 + (os.getpid() % 400) * 8  # clear of the judges' and the pool's uids
+    todo: queue.Queue = queue.Queue()
+    for index, cand in enumerate(candidates):
+        todo.put((index, cand))
+    results: list[AheadResult | None] = [None] * len(candidates)
+
+    def run(k: int) -> None:
+        builder = Builder(config.cache_dir, work_root_dir(), arch=arch, timeout_s=config.build_timeout_s,
+                          uid=base_uid + k, jobs=jobs)
+        while True:
+            try:
+                index, cand = todo.get_nowait()
+            except queue.Empty:
+                return
+            t0 = time.monotonic()
+            plan = plan_prebuild(cand, config.device, config.policy)
+            res = AheadResult(origin=cand.origin, specs=len(plan.specs), skipped=plan.skipped)
+            for spec in plan.specs:
+                try:
+                    if builder.build(spec).cached:
+                        res.cached += 1
+                    else:
+                        res.built += 1
+                except BuildError as exc:
+                    res.failed.append(str(exc).splitlines()[0][:200] if str(exc) else "build failed")
+            res.seconds = time.monotonic() - t0
+            results[index] = res
+            if on_result is not None:
+                on_result(res)
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(parallel)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in results if r is not None]

@@ -65,6 +65,9 @@ def synth_cmd(
     llm_base_url: Annotated[Optional[str], typer.Option("--llm-base-url", help="OpenAI-compatible endpoint")] = None,
     llm_model: Annotated[Optional[str], typer.Option("--llm-model", help="model name at that endpoint")] = None,
     max_candidates: Annotated[Optional[int], typer.Option("--max-candidates", help="stop after this many candidates")] = None,
+    time_limit: Annotated[Optional[float], typer.Option(
+        "--time-limit", help="seconds: start no new candidate after this, export what was accepted "
+                             "(rerun with the same --out to go on)")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="SynthConfig fields from a TOML or JSON file")] = None,
 ) -> None:
     """Synthesize fused-operator tasks: crawl seed ops, compose, filter in isolated workers, export.
@@ -100,7 +103,8 @@ def synth_cmd(
         llm["model"] = llm_model
     values.update(out=out, n=n, seed=seed, workers=n_workers, filters=filters, compose=compose, composer=composer,
                   llm=llm or None)
-    for key, val in (("benchmark_dir", benchmark_dir), ("catalog", catalog), ("max_candidates", max_candidates)):
+    for key, val in (("benchmark_dir", benchmark_dir), ("catalog", catalog), ("max_candidates", max_candidates),
+                     ("time_limit_s", time_limit)):
         if val is not None:
             values[key] = val
     try:

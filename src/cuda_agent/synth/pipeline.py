@@ -46,6 +46,8 @@ class SynthConfig(BaseModel):
     catalog: Path | None = Field(None, description="seed catalog to use (default OUT/catalog.jsonl, crawled once)")
     llm: LLMConfig | None = None
     max_candidates: int | None = Field(None, description="stop after this many candidates (default 50 * n)")
+    time_limit_s: float | None = Field(None, gt=0, description="start no new candidate after this many seconds; "
+                                                               "what was accepted is exported (resume to go on)")
 
     def identity(self) -> dict:
         return {"seed": self.seed, "composer": self.composer, "compose": self.compose.model_dump()}
@@ -139,6 +141,7 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     accepted_before = accepted
     limit = cfg.max_candidates or 50 * cfg.n
     t0 = time.monotonic()
+    deadline = t0 + cfg.time_limit_s if cfg.time_limit_s else None
     done_before = len(records)
     progress.start(cfg.n, accepted)
     log = _log_path(out).open("a", encoding="utf-8")
@@ -162,7 +165,8 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
             while True:
                 # keep every worker busy with one queued candidate behind it
                 while accepted + len(pending) < cfg.n + cfg.workers and len(pending) < 2 * cfg.workers \
-                        and index < limit and accepted < cfg.n:
+                        and index < limit and accepted < cfg.n \
+                        and (deadline is None or time.monotonic() < deadline):
                     k = index
                     index += 1
                     if k in records:
