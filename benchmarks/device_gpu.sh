@@ -31,7 +31,8 @@ case "$stage" in
       lo=$((g * half)); hi=$((lo + half - 1))
       ( export SKIP_INSTALL=1 CUDA_VISIBLE_DEVICES=$g CUDA_AGENT_CACHE=$PWD/.cache/gpu$g \
                CUDA_AGENT_WORK=/var/tmp/cuda-agent-gpu$g
-        taskset -c $lo-$hi bash "$0" "$s" "$out/gpu$g" > "$out/gpu$g.log" 2>&1 ) &
+        pin=""; command -v taskset >/dev/null && pin="taskset -c $lo-$hi"
+        $pin bash "$0" "$s" "$out/gpu$g" > "$out/gpu$g.log" 2>&1 ) &
     done
     wait
     for g in 0 1; do echo "=== gpu$g"; cut -c1-600 "$out/gpu$g.log"; done
