@@ -50,8 +50,8 @@ case "$stage" in
     # the timing checks need the GPU mostly to themselves.
     export CUDA_AGENT_TEST_CACHE=$PWD/.cache/test-cache-$$
     t0=$(date +%s)
-    timeout ${PREBUILD_TIMEOUT:-240} cuda-agent build tests/fixtures/cuda/honest tests/fixtures/cuda/hacks \
-      tests/fixtures/cuda/faults $suite/solutions/cuda --device cuda -j ${PREBUILD_PARALLEL:-8} \
+    timeout ${PREBUILD_TIMEOUT:-260} cuda-agent build tests/fixtures/cuda/honest tests/fixtures/cuda/hacks \
+      tests/fixtures/cuda/faults $suite/solutions/cuda --device cuda -j ${PREBUILD_PARALLEL:-16} --jobs 1 \
       -c cache_dir="$CUDA_AGENT_TEST_CACHE" > "$out/prebuild.log" 2>&1
     echo "prebuild: $(( $(date +%s) - t0 )) s: $(tail -1 "$out/prebuild.log")"
     par=""
@@ -72,6 +72,17 @@ case "$stage" in
     timeout ${FILE_TIMEOUT:-300} python3 benchmarks/judge_step.py --form file --runs ${FILE_RUNS:-5} -c compile_mode=none \
       --out "$out/judge_step_file.json" > "$out/judge_step_file.log" 2>&1
     grep -E "run|│" "$out/judge_step_file.log" | cut -c1-700
+    ;;
+  start)
+    # What a worker pays before it can take a task, and back-to-back warm steps (spares at work).
+    timeout 90 python3 benchmarks/worker_start.py --runs 3 --out "$out/worker_start.json" 2>&1 | tail -4
+    timeout ${WARM_TIMEOUT:-150} python3 benchmarks/judge_step.py --form workspace --mode warm --runs ${RUNS:-5} \
+      --out "$out/judge_step_warm.json" > "$out/judge_step_warm.log" 2>&1
+    grep -E "run|│" "$out/judge_step_warm.log" | cut -c1-500
+    ;;
+  start_throughput)
+    bash "$0" start "$out"
+    bash "$0" throughput "$out"
     ;;
   probe)
     # Where the time of a judge step goes: both forms, cold and warm, per phase and per compiled file.
@@ -99,8 +110,8 @@ case "$stage" in
     # Candidates per GPU-hour through the pool (tasks chosen so priming, which measures the
     # torch.compile baselines, stays short; N sized for one call at the 1,000/GPU-hour target).
     timeout ${THROUGHPUT_TIMEOUT:-540} python3 benchmarks/throughput.py --n "${N:-150}" \
-      --tasks 2_GELU 3_Softmax_Rows 6_Batched_Transpose 9_Cumsum_Rows --out "$out/throughput.json" \
-      > "$out/throughput.log" 2>&1
+      --tasks ${THROUGHPUT_TASKS:-2_GELU 3_Softmax_Rows 6_Batched_Transpose 9_Cumsum_Rows} \
+      --out "$out/throughput.json" ${THROUGHPUT_ARGS:-} > "$out/throughput.log" 2>&1
     grep -v "━" "$out/throughput.log" | cut -c1-300 | tail -50
     ;;
   synth)

@@ -161,8 +161,10 @@ def choose(tasks: list, solutions: dict[str, dict[str, Path]], wanted: str | Non
 
 # --- making a source new ---------------------------------------------------------------------------
 
-def cold_variant(candidate, tag: str):
-    """A copy of `candidate` whose C++/CUDA sources differ by a comment; None if that is not possible."""
+def cold_variant(candidate, tag: str, one_folder: bool = True):
+    """A copy of `candidate` whose C++/CUDA sources differ by a comment; None if that is not possible.
+    `one_folder`: a workspace keeps one origin (one agent editing its workspace, so ninja rebuilds
+    only what changed); otherwise each copy is its own workspace (many rollouts)."""
     from cuda_agent.candidate import Candidate
 
     if candidate.kind == "workspace":
@@ -171,7 +173,8 @@ def cold_variant(candidate, tag: str):
         kernels = {rel: f"{src}\n// cold run {tag}\n" for rel, src in candidate.kernels}
         # One origin for every cold run: like an agent editing its workspace in place, ninja's
         # persistent build folder keeps the objects of unchanged files (the fixed binding.cpp).
-        return Candidate.from_files(candidate.model_new, kernels, origin=f"{candidate.origin} (cold)")
+        return Candidate.from_files(candidate.model_new, kernels,
+                                    origin=f"{candidate.origin} (cold)" if one_folder else f"{candidate.origin} ({tag})")
     source = candidate.model_new
     for match in _CXX_STRING.finditer(source):
         target = match.group(1).split("=", 1)[0]

@@ -21,9 +21,9 @@ process start and ModelNew construction), the calls (verification and profiling 
 every timed call's output is checked too), and what is left of the judge's own time (`other`:
 clean-up, integrity checks). Busy fractions of the judge and compile workers say which side limits.
 
-A known limit it measures rather than hides: load_inline candidates of one task share an extension
-name, and the judge's builder keeps one build folder (and lock) per name, so their compiles run one
-at a time whatever the number of compile workers.
+Each candidate is its own workspace (its own build folder), as the rollouts of an RL run are;
+load_inline candidates of one task share an extension name, and the builder spreads them over up
+to eight build folders of that name.
 
 Example (GPU):   python benchmarks/throughput.py --n 200
 Example (CPU):   python benchmarks/throughput.py --device cpu --n 6 --compile-workers 1 -c compile_mode=none
@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     config = JudgeConfig.model_validate({**overrides, "device": args.device, "cache_dir": root / "cache"})
     pool_config = PoolConfig(judge_workers=args.workers, compile_workers=args.compile_workers,
                              baseline_db=root / "results.sqlite")
-    work = [(tasks[i % len(tasks)], cold_variant(originals[tasks[i % len(tasks)].name], uuid.uuid4().hex))
+    work = [(tasks[i % len(tasks)], cold_variant(originals[tasks[i % len(tasks)].name], uuid.uuid4().hex,
+                                                          one_folder=False))
             for i in range(args.n)]
     try:
         with Pool(config, pool_config) as pool:

@@ -203,12 +203,14 @@ def side_effects(j: Judge, package_before: set[str], listener: Listener | None, 
         for marker in Path(build_root).rglob(f"{MARKER}*"):
             problems.append(f"the candidate wrote into the judge's build tree: {marker}")
             marker.unlink(missing_ok=True)
-    uid = getattr(j, "uid", None)
-    if uid is not None:
-        left = _uid_pids(uid)
+    # The judge's spare workers wait between evaluations by design (they run no candidate code
+    # until a task reaches them); anything else under a sandbox uid or cgroup is a leftover.
+    standby = j.standby_pids()
+    for uid in sorted(j.sandbox_uids()):
+        left = [p for p in _uid_pids(uid) if p not in standby]
         if left:
             problems.append(f"{len(left)} process(es) of the sandbox uid {uid} still running: {left[:10]}")
-    left = _pids_in_own_cgroups()
+    left = [p for p in _pids_in_own_cgroups() if p not in standby]
     if left:
         problems.append(f"{len(left)} process(es) still in this judge's sandbox cgroups: {left[:10]}")
     if listener is not None and len(listener.connections) > seen_connections:

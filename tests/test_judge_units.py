@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import socket
 
 import pytest
@@ -252,3 +253,49 @@ def test_recorded_calls_leave_two_timed_calls():
         assert 0 in rec and len(rec) == 3
         assert sum(i not in rec for i in range(8, 11)) >= 2
     assert any(rec & {8, 9, 10} for rec in draws)
+
+
+def test_spare_workers_are_kept_under_distinct_uids_and_used(tmp_path):
+    """Started-ahead workers (the CUDA backend's default; here on the CPU without the zygote):
+    `spares` of them wait between evaluations, each task takes the oldest, and no two live
+    workers share a uid, since cleaning up after one kills every process of its uid."""
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import Judge, JudgeConfig
+    from cuda_agent.tasks import Task
+
+    task = Task.from_source("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                            "    def forward(self, x):\n        return torch.tanh(x)\n\n"
+                            "def get_inputs():\n    return [torch.randn(256)]\n\n"
+                            "def get_init_inputs():\n    return []\n", name="spare_tanh")
+    cand = Candidate.from_source(task.source.replace("class Model(", "class ModelNew("))
+    cfg = JudgeConfig(device="cpu", use_zygote=False, spares=2, policy="lenient", compile_mode="none",
+                      n_timed=3, n_warmup=0, n_check=2, cache_dir=tmp_path)
+    with Judge(cfg) as judge:
+        first = judge.evaluate(task, cand)
+        assert first.correct, first.failure
+        before = judge.standby_pids()
+        assert len(before) == 2
+        second = judge.evaluate(task, cand)
+        assert second.correct, second.failure
+        after = judge.standby_pids()
+        assert len(after) == 2 and len(before & after) == 1  # the oldest was used, one new started
+        if judge.uid is not None:
+            uids = [proc.spec.uid for proc, _ in judge._spares]  # the uid each was given
+            assert len(set(uids)) == 2 and set(uids) <= judge.sandbox_uids()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in after)
+
+
+def test_busy_build_folder_sends_a_build_to_another_folder_of_its_slot(tmp_path):
+    from cuda_agent.judge.build import Builder
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
+    spec = inline_spec(name="same_name", cpp_sources=["int f() { return 1; }"], cuda_sources=[], functions=None,
+                       cflags=[], cuda_cflags=[], ldflags=[], with_cuda=False)
+    first, lock1 = builder._claim_folder(spec)
+    second, lock2 = builder._claim_folder(spec)  # the first is still building: another folder
+    assert first != second and first.is_dir() and second.is_dir()
+    lock1.close()
+    lock2.close()
+    again, lock3 = builder._claim_folder(spec)  # all free: back to the first (its incremental state)
+    assert again == first
+    lock3.close()

@@ -208,11 +208,8 @@ class Builder:
         bad = check_flags(spec.cflags + spec.cuda_cflags + spec.ldflags)
         if bad:
             raise BuildError(f"compiler/linker flags not allowed: {' '.join(bad)}")
-        slot = hashlib.sha256(f"{spec.slot}|{spec.with_cuda}".encode()).hexdigest()[:16]
-        bdir = self.build_root / slot
-        bdir.mkdir(parents=True, exist_ok=True)
-        with open(self.build_root / f"{slot}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        bdir, lock = self._claim_folder(spec)
+        with lock:
             cached = self.lookup(spec)
             if cached:
                 return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key)
@@ -236,6 +233,29 @@ class Builder:
             except OSError:  # another judge finished the same key first
                 shutil.rmtree(tmp, ignore_errors=True)
         return BuildResult(library=dest / f"{spec.name}.so", seconds=time.monotonic() - t0, cached=False, key=key)
+
+    def _claim_folder(self, spec: BuildSpec, ways: int = 8):
+        """A persistent build folder of the spec's slot, locked. Different sources under one slot
+        (load_inline candidates of many rollouts all named like the example they copied, say)
+        would wait for each other on one folder: a busy folder sends the build to the next of
+        `ways` folders of that slot, each keeping its own incremental state. All busy: wait."""
+        base = hashlib.sha256(f"{spec.slot}|{spec.with_cuda}".encode()).hexdigest()[:16]
+        for way in range(ways):
+            name = base if way == 0 else f"{base}-{way}"
+            lock = open(self.build_root / f"{name}.lock", "w")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            break
+        else:
+            name = base
+            lock = open(self.build_root / f"{name}.lock", "w")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        bdir = self.build_root / name
+        bdir.mkdir(parents=True, exist_ok=True)
+        return bdir, lock
 
     @staticmethod
     def _sync_sources(src_dir: Path, spec: BuildSpec) -> None:

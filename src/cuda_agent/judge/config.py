@@ -70,6 +70,10 @@ class JudgeConfig(BaseModel):
     use_zygote: bool | None = Field(
         None, description="fork candidate processes from a process that has imported torch once (start in "
                           "milliseconds, not seconds); default: on for the cpu backend, off for cuda")
+    spares: int = Field(2, ge=0, le=8, description=(
+        "cuda backend: worker processes started ahead of need (torch imported, GPU context and profiler "
+        "ready, ~10 s each); each holds a GPU context while it waits. Back-to-back evaluations shorter "
+        "than a tenth of that start time wait for one; 0 starts each worker when its candidate comes"))
     sandbox_uid: int | None = Field(None, description="uid for untrusted processes when run as root "
                                                       "(default: 61000 + slot)")
     arch: str | None = Field(None, description="CUDA arch list for builds, e.g. '9.0' (default: the device's)")

@@ -193,7 +193,7 @@ class Judge:
         self.uid = (config.sandbox_uid or 61000 + os.getpid() % 4000) if is_root() else None
         self.work_root = work_root_dir()
         self._zygote: Zygote | None = None
-        self._spare: tuple[Sandboxed, socket.socket] | None = None  # a worker started ahead of need
+        self._spares: list[tuple[Sandboxed, socket.socket]] = []  # workers started ahead of need, oldest first
         self._launches = 0
         # Builds run under their own uid: cleaning up after a build kills every process of its uid,
         # which must never include the candidate process waiting for that build.
@@ -246,11 +246,26 @@ class Judge:
 
     def close(self) -> None:
         self._references.clear()
-        self._drop_spare(self._spare)
-        self._spare = None
+        for spare in self._spares:
+            self._drop_spare(spare)
+        self._spares = []
         if self._zygote is not None:
             self._zygote.close()
             self._zygote = None
+
+    def standby_pids(self) -> set[int]:
+        """Processes this judge keeps between evaluations on purpose: its spare workers (which run no
+        candidate code until a task is sent to them) and its zygote."""
+        pids = {proc.pid for proc, _ in self._spares if proc.alive()}
+        if self._zygote is not None:
+            pids.add(self._zygote.proc.pid)
+        return pids
+
+    def sandbox_uids(self) -> set[int]:
+        """Every uid this judge runs candidate processes under (empty when it cannot drop privileges)."""
+        if self.uid is None:
+            return set()
+        return {self.uid + 10000 * i for i in range(self.config.spares + 1)}
 
     def __enter__(self) -> "Judge":
         return self
@@ -602,12 +617,15 @@ class Judge:
     def _spawn(self, task: Task, model_new: str, plane: DataPlane, library: Path | None):
         zygote = self._get_zygote()
         if zygote is None:
-            # A spare started ahead (torch imported, GPU context made); the next one starts now,
-            # under the other uid, so that cleaning up after this one cannot touch it.
-            spare, self._spare = self._spare, None
-            if spare is not None and not spare[0].alive():
-                self._drop_spare(spare)
-                spare = None
+            # The oldest spare (torch imported, GPU context made, or nearly so) takes the task;
+            # replacements start now, each under a uid no other live worker has, so that cleaning
+            # up after this one cannot touch them.
+            spare = None
+            while self._spares and spare is None:
+                spare = self._spares.pop(0)
+                if not spare[0].alive():
+                    self._drop_spare(spare)
+                    spare = None
             proc, sock = spare if spare is not None else self._launch()
             try:
                 send_plane(sock, plane.fd, plane.size, plane.in_size)
@@ -616,7 +634,8 @@ class Judge:
                 proc, sock = self._launch()
                 send_plane(sock, plane.fd, plane.size, plane.in_size)
             self._live.append(proc)
-            self._spare = self._launch()
+            while len(self._spares) < self.config.spares:
+                self._spares.append(self._launch())
         else:
             proc, sock = self._launch(zygote, plane)
             self._live.append(proc)
@@ -645,8 +664,9 @@ class Judge:
         plane_args = (plane.fd, plane.size, plane.in_size) if plane is not None else (-1, 0, 0)
         uid = self.uid
         if self.uid is not None and zygote is None:
+            # Live worker and spares never share a uid: at most 1 + spares are alive at once.
             self._launches += 1
-            uid = self.uid + 10000 * (self._launches % 2)
+            uid = self.uid + 10000 * (self._launches % (self.config.spares + 1))
         spec = SandboxSpec(
             argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), *map(str, plane_args)),
             workdir=workdir, uid=uid, pass_fds=(child_sock.fileno(),) + ((plane.fd,) if plane else ()), env=env,

@@ -222,7 +222,7 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
         arch = f"{major}.{minor}"
     parallel = max(1, min(parallel, len(candidates) or 1))
     jobs = jobs or max(1, (os.cpu_count() or 2) // parallel)
-    base_uid = 61000 + 3 * 4000 + (os.getpid() % 400) * 8  # clear of the judges' and the pool's uids
+    base_uid = 150000 + (os.getpid() % 1000) * 8  # clear of the judges' (and their spares') and the pool's uids
     todo: queue.Queue = queue.Queue()
     for index, cand in enumerate(candidates):
         todo.put((index, cand))
