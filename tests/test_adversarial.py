@@ -97,11 +97,17 @@ def judges(tmp_path_factory):
         key = (device, policy)
         if key not in created:
             created[key] = Judge(make_config(device, cache_dir, policy))
+            LIVE_JUDGES.append(created[key])
         return created[key]
 
     yield get
     for j in created.values():
+        LIVE_JUDGES.remove(j)
         j.close()
+
+
+# Every judge of this test process: their spare workers are expected, wherever a check looks.
+LIVE_JUDGES: list[Judge] = []
 
 
 class Listener:
@@ -205,7 +211,7 @@ def side_effects(j: Judge, package_before: set[str], listener: Listener | None, 
             marker.unlink(missing_ok=True)
     # The judge's spare workers wait between evaluations by design (they run no candidate code
     # until a task reaches them); anything else under a sandbox uid or cgroup is a leftover.
-    standby = j.standby_pids()
+    standby = set().union(*(x.standby_pids() for x in LIVE_JUDGES), j.standby_pids())
     for uid in sorted(j.sandbox_uids()):
         left = [p for p in _uid_pids(uid) if p not in standby]
         if left:

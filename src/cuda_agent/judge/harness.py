@@ -172,6 +172,8 @@ def _recorded_calls(roles: list[str], rng: random.Random, k: int = 2) -> set[int
 class Judge:
     """A long-lived judge. `evaluate` never raises for a candidate's faults: it returns a Verdict."""
 
+    _instances = 0
+
     def __init__(self, config: JudgeConfig | None = None, baseline_store: BaselineStore | None = None):
         """`baseline_store`: where measured baselines are kept (default: files under cache_dir/baselines)."""
         self.config = config = config or JudgeConfig()
@@ -190,7 +192,10 @@ class Judge:
             major, minor = torch.cuda.get_device_capability(0)
             arch = f"{major}.{minor}"
         self.arch = arch
-        self.uid = (config.sandbox_uid or 61000 + os.getpid() % 4000) if is_root() else None
+        # Two judges must not share a uid (cleaning up after one's worker would kill the other's):
+        # the process id spreads processes, the instance count the judges of one process.
+        Judge._instances += 1
+        self.uid = (config.sandbox_uid or 61000 + (os.getpid() + 997 * Judge._instances) % 4000) if is_root() else None
         self.work_root = work_root_dir()
         self._zygote: Zygote | None = None
         self._spares: list[tuple[Sandboxed, socket.socket]] = []  # workers started ahead of need, oldest first
