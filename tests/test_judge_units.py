@@ -299,3 +299,42 @@ def test_busy_build_folder_sends_a_build_to_another_folder_of_its_slot(tmp_path)
     again, lock3 = builder._claim_folder(spec)  # all free: back to the first (its incremental state)
     assert again == first
     lock3.close()
+
+
+def test_same_sources_built_at_once_compile_once(tmp_path, monkeypatch):
+    """Two threads building one spec: one compiles, the other waits and gets the cached library
+    (the compiler is stood in for by a slow fake: what is tested is the locking around it)."""
+    import threading
+    import time as _time
+
+    from cuda_agent.judge.build import Builder
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
+    runs = []
+
+    def fake_run(bdir, spec):
+        runs.append(bdir)
+        _time.sleep(0.5)
+        (bdir / "out").mkdir(exist_ok=True)
+        (bdir / "out" / f"{spec.name}.so").write_bytes(b"\x7fELF fake")
+
+    monkeypatch.setattr(builder, "_run", fake_run)
+    monkeypatch.setattr(builder, "_pch", lambda spec: None)
+    spec = inline_spec(name="twice", cpp_sources=["int f() { return 2; }"], cuda_sources=[], functions=None,
+                       cflags=[], cuda_cflags=[], ldflags=[], with_cuda=False)
+    results, errors = [], []
+
+    def go():
+        try:
+            results.append(builder.build(spec))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(runs) == 1
+    assert sorted(r.cached for r in results) == [False, True]
+    assert results[0].library == results[1].library and results[0].library.exists()

@@ -194,3 +194,14 @@ def test_duplicates_up_to_names_and_sizes_are_removed():
     rej = f.check(comp(resized, "b"))[0]
     assert rej is not None and rej.filter == "duplicate" and "a" in rej.message
     assert f.check(comp("x = 1\n", "c"))[0].filter == "invalid_source"
+
+
+@pytest.mark.gpu
+def test_a_device_side_assert_is_the_tasks_eager_error_and_the_next_task_still_runs():
+    """GPU kernels fail asynchronously: an index out of range must be blamed on the task's forward
+    (eager_error), not on the checker (worker_error), and must not poison the next task."""
+    bad = task("", "idx = torch.full((x.shape[0],), 10**6, device=x.device)\nreturn x[idx]")
+    with WorkerPool(fast_config(device="cuda"), 1) as p:
+        r = p.check(bad)
+        assert r.rejection is not None and r.rejection.filter == "eager_error", r.rejection
+        assert p.check(GOOD).accepted

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from importlib.resources import files
 from pathlib import Path
@@ -208,30 +209,37 @@ class Builder:
         bad = check_flags(spec.cflags + spec.cuda_cflags + spec.ldflags)
         if bad:
             raise BuildError(f"compiler/linker flags not allowed: {' '.join(bad)}")
-        bdir, lock = self._claim_folder(spec)
-        with lock:
+        # One build per key at a time (across threads and processes): the same sources submitted
+        # twice wait for the first build instead of compiling again in another folder.
+        with open(self.lib_dir / f".{key}.lock", "w") as key_lock:
+            fcntl.flock(key_lock, fcntl.LOCK_EX)
             cached = self.lookup(spec)
             if cached:
                 return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key)
-            self._sync_sources(bdir / "src", spec)
-            self._attach_pch(bdir / "src", self._pch(spec))
-            self._run(bdir, spec)
-            built = bdir / "out" / f"{spec.name}.so"
-            if not built.exists():
-                raise BuildError("the build produced no library")
-            dest = self.lib_dir / key
-            tmp = self.lib_dir / f".{key}.{os.getpid()}"
+            bdir, lock = self._claim_folder(spec)
+            with lock:
+                return self._build_locked(spec, key, bdir, t0)
+
+    def _build_locked(self, spec: BuildSpec, key: str, bdir: Path, t0: float) -> BuildResult:
+        self._sync_sources(bdir / "src", spec)
+        self._attach_pch(bdir / "src", self._pch(spec))
+        self._run(bdir, spec)
+        built = bdir / "out" / f"{spec.name}.so"
+        if not built.exists():
+            raise BuildError("the build produced no library")
+        dest = self.lib_dir / key
+        tmp = self.lib_dir / f".{key}.{os.getpid()}.{threading.get_ident()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        shutil.copy2(built, tmp / f"{spec.name}.so")
+        # What the candidate's own code calls: the undefined symbols of the objects compiled
+        # from its sources, read by the judge. The linked library also carries the CUDA
+        # runtime's imports (ioctl, dlopen, threads), which are not the candidate's doing.
+        (tmp / IMPORTS_FILE).write_text(json.dumps(object_imports(bdir / "out")))
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another judge finished the same key first
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            shutil.copy2(built, tmp / f"{spec.name}.so")
-            # What the candidate's own code calls: the undefined symbols of the objects compiled
-            # from its sources, read by the judge. The linked library also carries the CUDA
-            # runtime's imports (ioctl, dlopen, threads), which are not the candidate's doing.
-            (tmp / IMPORTS_FILE).write_text(json.dumps(object_imports(bdir / "out")))
-            try:
-                os.rename(tmp, dest)
-            except OSError:  # another judge finished the same key first
-                shutil.rmtree(tmp, ignore_errors=True)
         return BuildResult(library=dest / f"{spec.name}.so", seconds=time.monotonic() - t0, cached=False, key=key)
 
     def _claim_folder(self, spec: BuildSpec, ways: int = 8):

@@ -247,6 +247,8 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
                         res.built += 1
                 except BuildError as exc:
                     res.failed.append(str(exc).splitlines()[0][:200] if str(exc) else "build failed")
+                except Exception as exc:  # noqa: BLE001 - one candidate's trouble must not end the others
+                    res.failed.append(f"{type(exc).__name__}: {exc}"[:200])
             res.seconds = time.monotonic() - t0
             results[index] = res
             if on_result is not None:

@@ -99,6 +99,10 @@ class Runner:
         try:
             with torch.no_grad():
                 outs = _flat(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in xs]))
+            if self.device == "cuda":
+                # GPU kernels fail asynchronously (a device-side assert on an index out of range,
+                # say): wait here so the failure is this forward's, not a later check's.
+                torch.cuda.synchronize()
         except Reject:
             raise
         except Exception as exc:
@@ -259,15 +263,18 @@ def eager_ms(r: Runner, cfg: dict) -> float:
     timer = CallTimer(r.device)
     times = []
     deadline = time.monotonic() + cfg["timing_budget_s"]
-    with torch.no_grad():
-        for i in range(cfg["n_warmup"] + cfg["n_timed"]):
-            timer.start()
-            model(*xs)
-            ms = timer.stop()
-            if i >= cfg["n_warmup"]:
-                times.append(ms)
-            if time.monotonic() > deadline and times:
-                break
+    try:
+        with torch.no_grad():
+            for i in range(cfg["n_warmup"] + cfg["n_timed"]):
+                timer.start()
+                model(*xs)
+                ms = timer.stop()
+                if i >= cfg["n_warmup"]:
+                    times.append(ms)
+                if time.monotonic() > deadline and times:
+                    break
+    except Exception as exc:  # out of memory, or a kernel failing only on repeated runs
+        raise Reject("eager_error", f"timed forward: {type(exc).__name__}: {str(exc)[:400]}") from None
     return statistics.median(times)
 
 
@@ -326,6 +333,8 @@ def compile_check(r: Runner, cfg: dict) -> float:
         compiled = torch.compile(model)
         with torch.no_grad():
             got = _flat(compiled(*xs))
+        if r.device == "cuda":
+            torch.cuda.synchronize()  # its kernels' failures are the compile's, not a later check's
     except Exception as exc:
         raise Reject("compile_error", f"{type(exc).__name__}: {str(exc)[:400]}") from None
     cmp = compare_outputs([e.cpu() for e in expected], [g.cpu() if isinstance(g, torch.Tensor) else g for g in got],
@@ -334,13 +343,16 @@ def compile_check(r: Runner, cfg: dict) -> float:
         raise Reject("compile_mismatch", cmp.message)
     timer = CallTimer(r.device)
     times = []
-    with torch.no_grad():
-        for i in range(cfg["n_warmup"] + cfg["n_timed"]):
-            timer.start()
-            compiled(*xs)
-            ms = timer.stop()
-            if i >= cfg["n_warmup"]:
-                times.append(ms)
+    try:
+        with torch.no_grad():
+            for i in range(cfg["n_warmup"] + cfg["n_timed"]):
+                timer.start()
+                compiled(*xs)
+                ms = timer.stop()
+                if i >= cfg["n_warmup"]:
+                    times.append(ms)
+    except Exception as exc:  # a recompilation or a compiled kernel that fails when run again
+        raise Reject("compile_error", f"timed compiled run: {type(exc).__name__}: {str(exc)[:400]}") from None
     return statistics.median(times)
 
 
