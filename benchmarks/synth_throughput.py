@@ -8,6 +8,8 @@ Runs the same pipeline as the CLI (resumable: rerunning continues the sample in 
 prints tasks/hour and candidates/hour of this run, the per-filter rejection table, statistics of
 the accepted sample (ops per task, eager and compile times, seed-source mix, nearest-benchmark
 similarity) and writes them to OUT/throughput.json. The tasks stay in OUT (never in the repo).
+On a machine with several GPUs the workers (and the judge processes) take them in turn; the
+figure per GPU-hour is the rate divided by the GPUs used.
 
 --judge-sample K runs the judge (lenient policy) on K accepted tasks with the reference itself as
 the candidate (its `Model` renamed `ModelNew`): a task that loads, builds, runs and verifies there
@@ -56,8 +58,10 @@ def sample_stats(out: Path) -> dict:
     }
 
 
-def _judge_chunk(out: str, names: list[str], device: str, results) -> None:
-    """One judge process: the reference of each named task judged as its own candidate."""
+def _judge_chunk(out: str, names: list[str], device: str, results, gpu: str | None = None) -> None:
+    """One judge process (on `gpu`, when given): the reference of each named task judged as its own candidate."""
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # before torch is imported in this process
     from cuda_agent.candidate import Candidate
     from cuda_agent.judge import Judge, JudgeConfig, JudgeError
     from cuda_agent.tasks import iter_parquet_tasks
@@ -85,10 +89,14 @@ def judge_sample(out: Path, k: int, device: str, parallel: int) -> dict:
 
     from cuda_agent.tasks import iter_parquet_tasks
 
+    from cuda_agent.synth.filters import visible_gpus
+
     names = [t.name for t in iter_parquet_tasks(out / "tasks.parquet")][:k]
+    gpus = visible_gpus() if device == "cuda" else []
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_judge_chunk, args=(str(out), names[i::parallel], device, results))
+    procs = [ctx.Process(target=_judge_chunk, args=(str(out), names[i::parallel], device, results,
+                                                     gpus[i % len(gpus)] if gpus else None))
              for i in range(max(1, parallel)) if names[i::parallel]]
     t0 = time.monotonic()
     for p in procs:
@@ -155,7 +163,11 @@ def main() -> int:
     t0 = time.monotonic()
     report = run_synth(cfg, _RichProgress(console))
     print_report(report, console)
+    from cuda_agent.synth.filters import visible_gpus
+
+    n_gpus = len(visible_gpus()) if device == "cuda" else 0
     result = {"device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+              "gpus": n_gpus, "tasks_per_gpu_hour": report.tasks_per_hour / n_gpus if n_gpus else None,
               "cores": cores, "workers": workers, "torch": torch.__version__, "wall_s": time.monotonic() - t0,
               "tasks_per_hour": report.tasks_per_hour, "candidates_per_hour": report.candidates_per_hour,
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,

@@ -205,3 +205,10 @@ def test_a_device_side_assert_is_the_tasks_eager_error_and_the_next_task_still_r
         r = p.check(bad)
         assert r.rejection is not None and r.rejection.filter == "eager_error", r.rejection
         assert p.check(GOOD).accepted
+
+
+def test_workers_take_the_visible_gpus_in_turn(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    cfg = FilterConfig(device="cuda")
+    assert [Worker(cfg, k)._gpu_env()["CUDA_VISIBLE_DEVICES"] for k in range(3)] == ["3", "5", "3"]
+    assert Worker(FilterConfig(device="cpu"), 1)._gpu_env() == {"CUDA_VISIBLE_DEVICES": "3,5"}

@@ -119,6 +119,19 @@ class CheckResult(BaseModel):
     check_s: float = 0.0
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (without initialising CUDA)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # no torch CUDA support: no GPU to spread over
+        return []
+
+
 def synth_root_dir() -> Path:
     from cuda_agent.judge.sandbox import work_root_dir
 
@@ -131,7 +144,7 @@ def synth_root_dir() -> Path:
 class Worker:
     """One sandboxed worker process; replaced after a crash or a timeout."""
 
-    UID_BASE = 62000   # apart from the judge's sandbox uids (61000 + slot)
+    UID_BASE = 58000   # apart from the judges' sandbox uids (61000-64999, spares and builds above)
 
     def __init__(self, config: FilterConfig, slot: int):
         self.config, self.slot = config, slot
@@ -152,8 +165,7 @@ class Worker:
             address_space_mb=None if cfg.device == "cuda" else cfg.memory_limit_mb * 2,
             env={"CUDA_AGENT_SYNTH_THREADS": str(cfg.threads_per_worker),
                  "OMP_NUM_THREADS": str(cfg.threads_per_worker), "TORCHINDUCTOR_COMPILE_THREADS": "1",
-                 **({"CUDA_VISIBLE_DEVICES": os.environ["CUDA_VISIBLE_DEVICES"]}
-                    if "CUDA_VISIBLE_DEVICES" in os.environ else {})})
+                 **self._gpu_env()})
         try:
             self.proc = Sandboxed(spec)
         finally:
@@ -168,6 +180,15 @@ class Worker:
             tail = self.proc.log_tail(2000)
             self.close()
             raise RuntimeError(f"synth worker {self.slot} did not start:\n{tail}")
+
+    def _gpu_env(self) -> dict:
+        """Workers take the visible GPUs in turn (slot k gets GPU k mod n): a run on a machine with
+        several GPUs uses them all."""
+        gpus = visible_gpus() if self.config.device == "cuda" else []
+        if not gpus:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            return {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
+        return {"CUDA_VISIBLE_DEVICES": gpus[self.slot % len(gpus)]}
 
     def _read_line(self, deadline: float) -> dict | str:
         """The next reply, or "eof" (the process closed its end: it died) or "deadline"."""
