@@ -254,28 +254,32 @@ def _usage(r: Runner, model, xs: list, out: list, tol: float) -> None:
             raise Reject("unused_input", f"input {i} does not influence the output")
 
 
-def eager_ms(r: Runner, cfg: dict) -> float:
+def median_ms(r: Runner, fn, xs: list, cfg: dict, failure: str, budget_s: float | None = None) -> float:
+    """Median time of `fn(*xs)` over cfg's warm-up and timed runs (stopping early once `budget_s`
+    is spent); a run that raises rejects the task under `failure` (out of memory, a kernel that
+    fails only when run again, a recompilation that breaks)."""
     from cuda_agent.judge.timing import CallTimer
 
-    torch = r.torch
-    model = r.model()
-    xs = r.inputs(INPUT_SEEDS[0])
     timer = CallTimer(r.device)
-    times = []
-    deadline = time.monotonic() + cfg["timing_budget_s"]
+    times: list[float] = []
+    deadline = time.monotonic() + budget_s if budget_s is not None else None
     try:
-        with torch.no_grad():
+        with r.torch.no_grad():
             for i in range(cfg["n_warmup"] + cfg["n_timed"]):
                 timer.start()
-                model(*xs)
+                fn(*xs)
                 ms = timer.stop()
                 if i >= cfg["n_warmup"]:
                     times.append(ms)
-                if time.monotonic() > deadline and times:
+                if deadline is not None and time.monotonic() > deadline and times:
                     break
-    except Exception as exc:  # out of memory, or a kernel failing only on repeated runs
-        raise Reject("eager_error", f"timed forward: {type(exc).__name__}: {str(exc)[:400]}") from None
+    except Exception as exc:
+        raise Reject(failure, f"timed run: {type(exc).__name__}: {str(exc)[:400]}") from None
     return statistics.median(times)
+
+
+def eager_ms(r: Runner, cfg: dict) -> float:
+    return median_ms(r, r.model(), r.inputs(INPUT_SEEDS[0]), cfg, "eager_error", cfg["timing_budget_s"])
 
 
 def _per_sample_mb(r: Runner, batch: int) -> float:
@@ -322,7 +326,6 @@ def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int
 
 def compile_check(r: Runner, cfg: dict) -> float:
     from cuda_agent.judge.compare import compare_outputs
-    from cuda_agent.judge.timing import CallTimer
 
     torch = r.torch
     torch._dynamo.reset()
@@ -341,19 +344,7 @@ def compile_check(r: Runner, cfg: dict) -> float:
                           atol=cfg["atol"], rtol=cfg["rtol"], max_rel_l2=cfg["max_rel_l2"])
     if not cmp.ok:
         raise Reject("compile_mismatch", cmp.message)
-    timer = CallTimer(r.device)
-    times = []
-    try:
-        with torch.no_grad():
-            for i in range(cfg["n_warmup"] + cfg["n_timed"]):
-                timer.start()
-                compiled(*xs)
-                ms = timer.stop()
-                if i >= cfg["n_warmup"]:
-                    times.append(ms)
-    except Exception as exc:  # a recompilation or a compiled kernel that fails when run again
-        raise Reject("compile_error", f"timed compiled run: {type(exc).__name__}: {str(exc)[:400]}") from None
-    return statistics.median(times)
+    return median_ms(r, compiled, xs, cfg, "compile_error")
 
 
 def check(source: str, cfg: dict) -> dict:
