@@ -2,7 +2,7 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier, steps, bench, throughput, synth, probe. `pair` runs two stages at once on a
+# Stages: smoke, tier, steps, filestep, start, bench, throughput, synth, probe. `pair` runs two stages at once on a
 # two-GPU machine, each on its own GPU and half of the cores (OUT_DIR/gpu0, OUT_DIR/gpu1), so each
 # sees what a one-GPU machine with half the cores would.
 # Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic) and this package in place.
@@ -83,6 +83,12 @@ case "$stage" in
   start_throughput)
     bash "$0" start "$out"
     bash "$0" throughput "$out"
+    ;;
+  filestep)
+    # The single-file form alone (its cold builds take ~45 s each): 5 cold and 5 warm runs.
+    timeout ${FILE_TIMEOUT:-540} python3 benchmarks/judge_step.py --form file --runs ${FILE_RUNS:-5} -c compile_mode=none \
+      --out "$out/judge_step_file.json" > "$out/judge_step_file.log" 2>&1
+    grep -E "run|│" "$out/judge_step_file.log" | cut -c1-700
     ;;
   probe)
     # Where the time of a judge step goes: both forms, cold and warm, per phase and per compiled file.
