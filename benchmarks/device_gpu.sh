@@ -129,6 +129,7 @@ case "$stage" in
       > "$out/synth.log" 2>&1
     echo "synth rc=$?"
     cp /tmp/synth-h200/throughput.json "$out/synth_throughput.json" 2>/dev/null
+    cp /tmp/synth-h200/report.json "$out/synth_report.json" 2>/dev/null
     grep -v "━" "$out/synth.log" | cut -c1-300 | tail -80
     ;;
   *)

@@ -58,6 +58,17 @@ def sample_stats(out: Path) -> dict:
     }
 
 
+def rejection_examples(out: Path, per_filter: int = 3) -> dict[str, list[str]]:
+    """The first few rejection messages of each filter: what a rejection count is made of."""
+    from cuda_agent.synth.pipeline import read_records
+
+    examples: dict[str, list[str]] = {}
+    for rec in read_records(out):
+        if rec.rejection is not None and len(examples.setdefault(rec.rejection.filter, [])) < per_filter:
+            examples[rec.rejection.filter].append(rec.rejection.message[:300])
+    return examples
+
+
 def _judge_chunk(out: str, names: list[str], device: str, results, gpu: str | None = None) -> None:
     """One judge process (on `gpu`, when given): the reference of each named task judged as its own candidate."""
     if gpu is not None:
@@ -171,10 +182,12 @@ def main() -> int:
               "cores": cores, "workers": workers, "torch": torch.__version__, "wall_s": time.monotonic() - t0,
               "tasks_per_hour": report.tasks_per_hour, "candidates_per_hour": report.candidates_per_hour,
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
-              "sample": sample_stats(args.out)}
+              "sample": sample_stats(args.out), "rejection_examples": rejection_examples(args.out)}
+    # written before the judge check as well, so a check cut short loses nothing of the run
+    (args.out / "throughput.json").write_text(json.dumps(result, indent=1))
     if args.judge_sample:
         result["judge"] = judge_sample(args.out, args.judge_sample, device, args.judge_parallel)
-    (args.out / "throughput.json").write_text(json.dumps(result, indent=1))
+        (args.out / "throughput.json").write_text(json.dumps(result, indent=1))
     console.print_json(json.dumps({k: v for k, v in result.items() if k != "rejected_by"}))
     return 0
 
