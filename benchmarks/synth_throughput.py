@@ -113,11 +113,15 @@ def judge_sample(out: Path, k: int, device: str, parallel: int) -> dict:
     for p in procs:
         p.start()
     got: list[dict] = []
-    while len(got) < len(names) and (any(p.is_alive() for p in procs) or not results.empty()):
-        try:
-            got.append(results.get(timeout=1.0))
-        except Exception:  # queue.Empty: check the processes again
-            continue
+    progress = out / "judge_progress.jsonl"  # one line per judged task, kept if the check is cut short
+    with progress.open("w") as log:
+        while len(got) < len(names) and (any(p.is_alive() for p in procs) or not results.empty()):
+            try:
+                got.append(results.get(timeout=1.0))
+            except Exception:  # queue.Empty: check the processes again
+                continue
+            log.write(json.dumps(got[-1]) + "\n")
+            log.flush()
     for p in procs:
         p.join()
     failed = [g for g in got if not g["ok"]]
