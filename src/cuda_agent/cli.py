@@ -177,7 +177,8 @@ def build_cmd(
 
     A later `eval` or `bench` with the same settings finds them built. Single files are built from
     their literal load_inline arguments (a call the judge can only learn by running the module is
-    left to the judge). Failed builds are counted, not reported: the judge reports them in its verdict.
+    left to the judge). Exit 0 even when builds fail: the first line of each failure is listed, and
+    the judge reports the whole error in its verdict.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -207,6 +208,8 @@ def build_cmd(
     cached = sum(r.cached for r in results)
     failed = sum(len(r.failed) for r in results)
     skipped = sum(1 for r in results if r.skipped and not r.specs)
+    for r in [r for r in results if r.failed][:20]:
+        err.print(f"[red]failed[/red] {r.origin}: {r.failed[0]}")
     err.print(f"{len(results)} candidates: {built} built, {cached} already cached, {failed} failed, "
               f"{skipped} left to the judge")
 

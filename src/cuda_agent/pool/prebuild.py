@@ -221,7 +221,7 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
         major, minor = torch.cuda.get_device_capability(0)
         arch = f"{major}.{minor}"
     parallel = max(1, min(parallel, len(candidates) or 1))
-    jobs = jobs or max(1, (os.cpu_count() or 2) // parallel)
+    jobs = jobs or max(1, len(os.sched_getaffinity(0)) // parallel)  # the cores this process may use
     base_uid = 150000 + (os.getpid() % 1000) * 8  # clear of the judges' (and their spares') and the pool's uids
     todo: queue.Queue = queue.Queue()
     for index, cand in enumerate(candidates):
