@@ -100,14 +100,14 @@ case "$stage" in
     # process group) part-way and resumed with the same --run: the second pass judges only what
     # the first did not finish; the table and the HTML report cover the whole run.
     db="$out/results.sqlite"
-    setsid cuda-agent bench --device cuda --run h200-suite --db "$db" --out "$out/bench.jsonl" \
+    setsid cuda-agent bench --device ${BENCH_DEVICE:-cuda} --run h200-suite --db "$db" --out "$out/bench.jsonl" \
       > "$out/bench_killed.log" 2>&1 &
     pid=$!
     sleep ${KILL_AFTER:-120}
     kill -9 -- -$pid 2>/dev/null; wait $pid 2>/dev/null
     echo "killed after ${KILL_AFTER:-120} s; verdicts in the database:" \
       $(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select count(*) from verdicts').fetchone()[0])" "$db" 2>&1)
-    timeout ${BENCH_TIMEOUT:-330} cuda-agent bench --device cuda --run h200-suite --db "$db" --out "$out/bench.jsonl" \
+    timeout ${BENCH_TIMEOUT:-330} cuda-agent bench --device ${BENCH_DEVICE:-cuda} --run h200-suite --db "$db" --out "$out/bench.jsonl" \
       --report "$out/bench.html" > "$out/bench.log" 2>&1
     echo "resumed run rc=$?"
     cut -c1-300 "$out/bench.log" | grep -v "━" | tail -70
