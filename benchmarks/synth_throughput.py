@@ -100,7 +100,7 @@ def judge_sample(out: Path, k: int, device: str, parallel: int) -> dict:
 
     from cuda_agent.tasks import iter_parquet_tasks
 
-    from cuda_agent.synth.filters import visible_gpus
+    from cuda_agent.pool import visible_gpus
 
     names = [t.name for t in iter_parquet_tasks(out / "tasks.parquet")][:k]
     gpus = visible_gpus() if device == "cuda" else []
@@ -178,7 +178,7 @@ def main() -> int:
     t0 = time.monotonic()
     report = run_synth(cfg, _RichProgress(console))
     print_report(report, console)
-    from cuda_agent.synth.filters import visible_gpus
+    from cuda_agent.pool import visible_gpus
 
     n_gpus = len(visible_gpus()) if device == "cuda" else 0
     result = {"device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,

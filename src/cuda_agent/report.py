@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from rich.console import Console
 from rich.table import Table
 
@@ -12,11 +10,13 @@ from cuda_agent.judge.verdict import Verdict
 console = Console()
 
 
-def _ms(x: float | None) -> str:
+def fmt_ms(x: float | None) -> str:
+    """A time in ms for tables (the unit is in the column header)."""
     return "-" if x is None else f"{x:.3f}"
 
 
-def _x(x: float | None) -> str:
+def fmt_x(x: float | None) -> str:
+    """A speed-up."""
     return "-" if x is None else f"{x:.2f}x"
 
 
@@ -28,22 +28,17 @@ def print_verdict(v: Verdict) -> None:
     for p in v.policy_violations[:10]:
         console.print(f"  policy: {p}")
     if v.runtime:
-        console.print(f"  runtime {_ms(v.runtime_ms)} ms (p10 {v.runtime.p10_ms:.3f}, p90 {v.runtime.p90_ms:.3f}, "
-                      f"{v.runtime.source}), eager {_ms(v.eager_ms)} ms, torch.compile {_ms(v.compile_ms)} ms")
-        console.print(f"  speed-up {_x(v.speedup_vs_eager)} vs eager, {_x(v.speedup_vs_compile)} vs torch.compile")
+        console.print(f"  runtime {fmt_ms(v.runtime_ms)} ms (p10 {v.runtime.p10_ms:.3f}, p90 {v.runtime.p90_ms:.3f}, "
+                      f"{v.runtime.source}), eager {fmt_ms(v.eager_ms)} ms, torch.compile {fmt_ms(v.compile_ms)} ms")
+        console.print(f"  speed-up {fmt_x(v.speedup_vs_eager)} vs eager, {fmt_x(v.speedup_vs_compile)} vs torch.compile")
     for w in v.task_warnings + v.notes:
         console.print(f"  [yellow]note[/yellow]: {w}")
     build = "-" if v.build_s is None else f"{v.build_s:.1f} s{' (cached)' if v.build_cached else ''}"
     console.print(f"  build {build}, judged in {v.judge_s or 0:.1f} s, {v.n_checked} outputs checked")
 
 
-def geomean(xs: list[float | None]) -> float | None:
-    """Geometric mean of the positive values (None and non-positive ones are skipped); None if none."""
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
-def _pct(x: float | None) -> str:
+def fmt_pct(x: float | None) -> str:
+    """A fraction as a percentage."""
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
@@ -56,8 +51,8 @@ def verdict_table(verdicts: list, title: str) -> Table:
     for sv in verdicts:
         v = sv.verdict
         table.add_row(v.task_name, "" if sv.level is None else str(sv.level), "yes" if v.compiled else "no",
-                      "[green]yes[/green]" if v.correct else "[red]no[/red]", _ms(v.runtime_ms), _ms(v.eager_ms),
-                      _ms(v.compile_ms), _x(v.speedup_vs_eager), _x(v.speedup_vs_compile), f"{v.reward:g}",
+                      "[green]yes[/green]" if v.correct else "[red]no[/red]", fmt_ms(v.runtime_ms), fmt_ms(v.eager_ms),
+                      fmt_ms(v.compile_ms), fmt_x(v.speedup_vs_eager), fmt_x(v.speedup_vs_compile), f"{v.reward:g}",
                       (v.failure.category.value + ": " + v.failure.message.splitlines()[0][:60]) if v.failure else "")
     return table
 
@@ -81,16 +76,16 @@ def metrics_tables(table, *, count_missing: bool = False, n_missing: int = 0) ->
                 "geomean vs compile", "vs eager (correct only)", "vs compile (correct only)"):
         t1.add_column(col, justify="left" if not col else "right")
     for m in rows:
-        t1.add_row(m.label, str(m.n), _pct(m.pass_rate), _pct(m.faster_than_eager_rate),
-                   _pct(m.faster_than_compile_rate), _x(m.geomean_speedup_vs_eager),
-                   _x(m.geomean_speedup_vs_compile), _x(m.geomean_speedup_vs_eager_correct),
-                   _x(m.geomean_speedup_vs_compile_correct), style="bold" if m.label == "overall" else None)
+        t1.add_row(m.label, str(m.n), fmt_pct(m.pass_rate), fmt_pct(m.faster_than_eager_rate),
+                   fmt_pct(m.faster_than_compile_rate), fmt_x(m.geomean_speedup_vs_eager),
+                   fmt_x(m.geomean_speedup_vs_compile), fmt_x(m.geomean_speedup_vs_eager_correct),
+                   fmt_x(m.geomean_speedup_vs_compile_correct), style="bold" if m.label == "overall" else None)
     fp = Table(title="KernelBench fast_p (correct and speed-up vs eager > p)")
     fp.add_column("")
     for p in FAST_P:
         fp.add_column(f"fast_{p:g}", justify="right")
     for m in rows:
-        fp.add_row(m.label, *[_pct(m.fast_p[fast_p_key(p)]) for p in FAST_P],
+        fp.add_row(m.label, *[fmt_pct(m.fast_p[fast_p_key(p)]) for p in FAST_P],
                    style="bold" if m.label == "overall" else None)
     return [t1, fp]
 
@@ -100,8 +95,8 @@ def summary_lines(table) -> list[str]:
     if not m.n:
         return ["no tasks judged"]
     return [
-        f"pass rate {m.n_correct}/{m.n} ({100 * m.pass_rate:.1f}%), faster than eager {_pct(m.faster_than_eager_rate)}, "
-        f"faster than torch.compile {_pct(m.faster_than_compile_rate)}",
-        f"geomean speed-up (failures as 1.0x): {_x(m.geomean_speedup_vs_eager)} vs eager, "
-        f"{_x(m.geomean_speedup_vs_compile)} vs torch.compile",
+        f"pass rate {m.n_correct}/{m.n} ({100 * m.pass_rate:.1f}%), faster than eager {fmt_pct(m.faster_than_eager_rate)}, "
+        f"faster than torch.compile {fmt_pct(m.faster_than_compile_rate)}",
+        f"geomean speed-up (failures as 1.0x): {fmt_x(m.geomean_speedup_vs_eager)} vs eager, "
+        f"{fmt_x(m.geomean_speedup_vs_compile)} vs torch.compile",
     ]

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from cuda_agent.db import ResultsDB, RunInfo, StoredVerdict
 from cuda_agent.metrics import FAST_P, GEOMEAN_NOTE, MetricsTable, Outcome, fast_p_key, metrics_table
+from cuda_agent.report import fmt_ms, fmt_pct, fmt_x
 
 TEMPLATE = "report.html.j2"
 
@@ -206,18 +207,6 @@ def compare_rows(a: RunView, b: RunView) -> list[CompareRow]:
     return out
 
 
-def _fmt_ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
-
-
-def _fmt_x(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def _fmt_pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
 def _fmt_s(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
@@ -230,7 +219,7 @@ def render_report(db: ResultsDB, runs: list[str], *, count_missing: bool = False
     views = [load_run(db, r, count_missing=count_missing) for r in runs]
     env = jinja2.Environment(loader=jinja2.PackageLoader("cuda_agent", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
-    env.filters.update(ms=_fmt_ms, x=_fmt_x, pct=_fmt_pct, s=_fmt_s,
+    env.filters.update(ms=fmt_ms, x=fmt_x, pct=fmt_pct, s=_fmt_s,
                        date=lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)))
     counted = ("tasks without a solution count as failures" if count_missing
                else "tasks without a solution are not counted")

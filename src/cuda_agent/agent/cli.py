@@ -12,6 +12,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from cuda_agent.report import fmt_x
+
 err = Console(stderr=True)
 out = Console()
 
@@ -96,15 +98,11 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
 def _line(s: dict) -> str:
     best = s.get("best")
     what = "no correct candidate" if not best else (
-        f"reward {best['reward']:g}, {_x(best['speedup_vs_eager'])} vs eager, {_x(best['speedup_vs_compile'])} "
+        f"reward {best['reward']:g}, {fmt_x(best['speedup_vs_eager'])} vs eager, {fmt_x(best['speedup_vs_compile'])} "
         "vs torch.compile")
     resumed = " (finished earlier)" if s.get("resumed") else ""
     return (f"{s['task']}: {s['termination']} after {s.get('turns', '?')} turns{resumed}; {what}"
             + (f" [{s['message']}]" if s["termination"] == "error" else ""))
-
-
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
 
 
 def solve_cmd(
@@ -171,7 +169,7 @@ def run_cmd(
     skips finished tasks."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from cuda_agent.report import geomean
+    from cuda_agent.metrics import geomean
     from cuda_agent.tasks import TaskError, load_tasks
 
     from .runner import run_tasks
@@ -207,7 +205,7 @@ def run_cmd(
               + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())))
     ge = geomean([s["best"]["speedup_vs_eager"] for s in solved if s["best"]["speedup_vs_eager"]])
     gc = geomean([s["best"]["speedup_vs_compile"] for s in solved if s["best"]["speedup_vs_compile"]])
-    out.print(f"geomean speed-up over those: {_x(ge)} vs eager, {_x(gc)} vs torch.compile; "
+    out.print(f"geomean speed-up over those: {fmt_x(ge)} vs eager, {fmt_x(gc)} vs torch.compile; "
               f"summaries in {out_dir / 'results.jsonl'}")
 
 

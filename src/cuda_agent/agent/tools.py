@@ -36,6 +36,7 @@ from cuda_agent.candidate import Candidate, CandidateError
 from cuda_agent.judge import Judge, JudgeConfig, Verdict
 from cuda_agent.judge import policy as pol
 from cuda_agent.judge.build import BuildError, library_imports, workspace_spec
+from cuda_agent.report import fmt_x
 from cuda_agent.tasks import Task
 
 from .workspace import READ_ONLY
@@ -170,11 +171,11 @@ def verdict_text(v: Verdict, focus: Literal["verify", "profile", "submit"]) -> s
     if v.correct and v.runtime is not None:
         t = v.runtime
         lines.append(f"runtime {t.median_ms:.4f} ms (median of {t.n}; p10 {t.p10_ms:.4f}, p90 {t.p90_ms:.4f})")
-        lines.append(f"eager   {_ms(v.eager_ms)}  -> speed-up {_x(v.speedup_vs_eager)}")
+        lines.append(f"eager   {_ms(v.eager_ms)}  -> speed-up {fmt_x(v.speedup_vs_eager)}")
         if v.compile_ms is None:
             lines.append("torch.compile: not measured by this judge (compile_mode none)")
         else:
-            lines.append(f"torch.compile ({v.compile_mode}) {_ms(v.compile_ms)}  -> speed-up {_x(v.speedup_vs_compile)}")
+            lines.append(f"torch.compile ({v.compile_mode}) {_ms(v.compile_ms)}  -> speed-up {fmt_x(v.speedup_vs_compile)}")
     lines.append(f"reward {v.reward:g} ({v.reward_reason})")
     if focus != "verify":
         build = "-" if v.build_s is None else f"{v.build_s:.1f} s{' (cached)' if v.build_cached else ''}"
@@ -190,10 +191,6 @@ def _g(x: float | None) -> str:
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f} ms"
-
-
-def _x(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
 
 
 # ---------------------------------------------------------------------------------------------

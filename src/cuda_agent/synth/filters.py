@@ -119,19 +119,6 @@ class CheckResult(BaseModel):
     check_s: float = 0.0
 
 
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (without initialising CUDA)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip()]
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # no torch CUDA support: no GPU to spread over
-        return []
-
-
 def synth_root_dir() -> Path:
     from cuda_agent.judge.sandbox import work_root_dir
 
@@ -184,6 +171,8 @@ class Worker:
     def _gpu_env(self) -> dict:
         """Workers take the visible GPUs in turn (slot k gets GPU k mod n): a run on a machine with
         several GPUs uses them all."""
+        from cuda_agent.pool import visible_gpus
+
         gpus = visible_gpus() if self.config.device == "cuda" else []
         if not gpus:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
