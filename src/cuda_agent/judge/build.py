@@ -112,6 +112,16 @@ def check_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
     return [f for f in flags if not _SAFE_FLAG.match(str(f))]
 
 
+def build_arch(device: str, arch: str | None) -> str | None:
+    """The CUDA arch list builds use: the configured one, else (on cuda) the device's own."""
+    if device == "cuda" and arch is None:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        return f"{major}.{minor}"
+    return arch
+
+
 def toolchain_fingerprint(arch: str | None) -> str:
     import torch
 

@@ -34,7 +34,7 @@ from cuda_agent.tasks import Task
 
 from . import policy as pol
 from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBaselineStore
-from .build import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
+from .build import Builder, BuildError, BuildSpec, build_arch, inline_spec, library_imports, workspace_spec
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
@@ -187,11 +187,7 @@ class Judge:
         # less precise side (the fp32 tolerance is 1e-4 relative L2). Process-wide by necessity.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-        arch = config.arch
-        if self.device == "cuda" and arch is None:
-            major, minor = torch.cuda.get_device_capability(0)
-            arch = f"{major}.{minor}"
-        self.arch = arch
+        self.arch = arch = build_arch(self.device, config.arch)
         # Two judges must not share a uid (cleaning up after one's worker would kill the other's):
         # the process id spreads processes, the instance count the judges of one process.
         Judge._instances += 1

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import policy as pol
-from cuda_agent.judge.build import BuildError, BuildSpec, inline_spec, workspace_spec
+from cuda_agent.judge.build import Builder, BuildError, BuildSpec, build_arch, inline_spec, workspace_spec
 
 
 class PrebuildPlan(BaseModel):
@@ -185,6 +185,24 @@ def _value(node: ast.expr, names: dict[str, Any]) -> Any:
     raise _Unresolved(f"{type(node).__name__} expression is not a literal")
 
 
+def build_specs(builder: Builder, specs: list[BuildSpec]) -> tuple[int, int, list[str]]:
+    """Build each spec into the builder's cache (a spec already there costs a look-up).
+    Returns (built, already cached, the first line of each failure); a failure is only recorded:
+    the judge builds the candidate again and reports the whole error in its verdict."""
+    built, cached, failed = 0, 0, []
+    for spec in specs:
+        try:
+            if builder.build(spec).cached:
+                cached += 1
+            else:
+                built += 1
+        except BuildError as exc:
+            failed.append(str(exc).splitlines()[0][:200] if str(exc) else "build failed")
+        except Exception as exc:  # noqa: BLE001 - one candidate's trouble must not end the others
+            failed.append(f"{type(exc).__name__}: {exc}"[:200])
+    return built, cached, failed
+
+
 class AheadResult(BaseModel):
     """What `build_ahead` did for one candidate."""
 
@@ -211,15 +229,9 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
     import threading
     import time
 
-    from cuda_agent.judge.build import Builder
     from cuda_agent.judge.sandbox import work_root_dir
 
-    arch = config.arch
-    if config.device == "cuda" and arch is None:
-        import torch
-
-        major, minor = torch.cuda.get_device_capability(0)
-        arch = f"{major}.{minor}"
+    arch = build_arch(config.device, config.arch)
     parallel = max(1, min(parallel, len(candidates) or 1))
     jobs = jobs or max(1, len(os.sched_getaffinity(0)) // parallel)  # the cores this process may use
     base_uid = 150000 + (os.getpid() % 1000) * 8  # clear of the judges' (and their spares') and the pool's uids
@@ -238,18 +250,9 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
                 return
             t0 = time.monotonic()
             plan = plan_prebuild(cand, config.device, config.policy)
-            res = AheadResult(origin=cand.origin, specs=len(plan.specs), skipped=plan.skipped)
-            for spec in plan.specs:
-                try:
-                    if builder.build(spec).cached:
-                        res.cached += 1
-                    else:
-                        res.built += 1
-                except BuildError as exc:
-                    res.failed.append(str(exc).splitlines()[0][:200] if str(exc) else "build failed")
-                except Exception as exc:  # noqa: BLE001 - one candidate's trouble must not end the others
-                    res.failed.append(f"{type(exc).__name__}: {exc}"[:200])
-            res.seconds = time.monotonic() - t0
+            built, cached, failed = build_specs(builder, plan.specs)
+            res = AheadResult(origin=cand.origin, specs=len(plan.specs), skipped=plan.skipped, built=built,
+                              cached=cached, failed=failed, seconds=time.monotonic() - t0)
             results[index] = res
             if on_result is not None:
                 on_result(res)

@@ -123,28 +123,16 @@ class _CompileServer:
         return self.builders[arch]
 
     def handle(self, request: CompileRequest) -> PrebuildReport:
-        from cuda_agent.judge.build import BuildError
-
-        from .prebuild import plan_prebuild
+        from .prebuild import build_specs, plan_prebuild
 
         t0 = time.monotonic()
         plan = plan_prebuild(request.candidate, self.config.device, self.config.policy)
         report = PrebuildReport(job_id=request.job_id, specs=len(plan.specs), skipped=plan.skipped)
         for arch in request.archs:
-            builder = self._builder(arch)
-            for spec in plan.specs:
-                if builder.lookup(spec) is not None:
-                    report.cached += 1
-                    continue
-                try:
-                    result = builder.build(spec)
-                except BuildError:
-                    report.failed += 1  # the judge builds it again and reports the error in its verdict
-                    continue
-                if result.cached:
-                    report.cached += 1
-                else:
-                    report.built += 1
+            built, cached, failed = build_specs(self._builder(arch), plan.specs)
+            report.built += built
+            report.cached += cached
+            report.failed += len(failed)
         report.seconds = time.monotonic() - t0
         return report
 
