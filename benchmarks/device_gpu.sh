@@ -2,9 +2,10 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier, steps, filestep, start, bench, throughput, synth, probe. `pair` runs two stages at once on a
-# two-GPU machine, each on its own GPU and half of the cores (OUT_DIR/gpu0, OUT_DIR/gpu1), so each
-# sees what a one-GPU machine with half the cores would.
+# Stages: smoke, tier, steps, filestep, start, bench, throughput, synth, probe; A+B runs A, then B.
+# `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
+# (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
+# DEADLINE (seconds since the epoch) shortens the synth stage's generation to end before it.
 # Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic) and this package in place.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,6 +25,9 @@ fi
 suite=src/cuda_agent/suite
 
 case "$stage" in
+  *+*)
+    for s in ${stage//+/ }; do SKIP_INSTALL=1 bash "$0" "$s" "$out"; done
+    ;;
   pair)
     cores=$(nproc); half=$((cores / 2))
     for g in 0 1; do
@@ -121,13 +125,26 @@ case "$stage" in
     grep -v "━" "$out/throughput.log" | cut -c1-300 | tail -50
     ;;
   synth)
-    # Tasks generated and filtered per hour, then every accepted task judged with its reference as
-    # the candidate. The sample stays on the machine; its statistics come back in throughput.json.
+    # Tasks generated and filtered per hour, then the accepted tasks judged with their reference as
+    # the candidate (SYNTH_JUDGE of them, default all; 0: none). Its statistics come back in
+    # synth_throughput.json, the sample itself packed in synth-sample.tgz. SYNTH_RESUME=1 continues
+    # the sample carried in .synth-h200/synth-sample.tgz (from an earlier call) instead of starting anew.
     rm -rf /tmp/synth-h200
-    timeout ${SYNTH_TIMEOUT:-540} python3 benchmarks/synth_throughput.py --n "${SYNTH_N:-300}" --out /tmp/synth-h200 \
-      --time-limit ${SYNTH_GEN_S:-330} --judge-sample "${SYNTH_N:-300}" --judge-parallel ${JUDGE_PARALLEL:-4} \
+    if [ -n "${SYNTH_RESUME:-}" ] && [ -f .synth-h200/synth-sample.tgz ]; then
+      tar xzf .synth-h200/synth-sample.tgz -C /tmp && echo "resuming: $(grep -c . /tmp/synth-h200/candidates.jsonl) candidates"
+    fi
+    gen=${SYNTH_GEN_S:-330}; limit=${SYNTH_TIMEOUT:-540}
+    if [ -n "${DEADLINE:-}" ]; then
+      left=$((DEADLINE - $(date +%s)))
+      limit=$((left - 15)); [ $limit -lt $((${SYNTH_TIMEOUT:-540})) ] || limit=${SYNTH_TIMEOUT:-540}
+      [ "${SYNTH_JUDGE:-x}" = 0 ] && [ $((limit - 45)) -lt $gen ] && gen=$((limit - 45))
+      echo "synth: ${left} s to the deadline; generation ${gen} s, stage limit ${limit} s"
+    fi
+    timeout $limit python3 benchmarks/synth_throughput.py --n "${SYNTH_N:-300}" --out /tmp/synth-h200 \
+      --time-limit $gen --judge-sample "${SYNTH_JUDGE:-${SYNTH_N:-300}}" --judge-parallel ${JUDGE_PARALLEL:-4} \
       > "$out/synth.log" 2>&1
     echo "synth rc=$?"
+    tar czf "$out/synth-sample.tgz" -C /tmp synth-h200
     cp /tmp/synth-h200/throughput.json "$out/synth_throughput.json" 2>/dev/null
     cp /tmp/synth-h200/report.json "$out/synth_report.json" 2>/dev/null
     cp /tmp/synth-h200/judge_progress.jsonl "$out/" 2>/dev/null

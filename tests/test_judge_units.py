@@ -312,7 +312,7 @@ def test_same_sources_built_at_once_compile_once(tmp_path, monkeypatch):
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
     runs = []
 
-    def fake_run(bdir, spec):
+    def fake_run(bdir, spec, shared_binding=None):
         runs.append(bdir)
         _time.sleep(0.5)
         (bdir / "out").mkdir(exist_ok=True)
