@@ -85,6 +85,37 @@ def test_runtime_window_rescales_batch_toward_the_window_and_rejects_what_cannot
         assert "outside [0.3, 50]" in r.rejection.message
 
 
+OOM = 'raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")'
+
+
+def test_running_out_of_gpu_memory_is_its_own_filter():
+    with WorkerPool(fast_config(), 1) as p:
+        r = p.check(task("", OOM))
+        assert r.rejection is not None and r.rejection.filter == "out_of_memory", r.rejection
+        assert p.check(GOOD).accepted
+
+
+def test_a_rescale_that_runs_out_of_memory_backs_off_toward_the_last_size_that_ran():
+    """Rescaling estimates memory from inputs and outputs only; a size whose forward runs out of
+    memory is halved back toward the last good size instead of losing the task."""
+    sleepy = task("", f"if x.shape[0] > 64:\n    {OOM}\n__import__('time').sleep(x.shape[0] * 2e-5)\nreturn x * 2.0")
+    with WorkerPool(fast_config(min_ms=0.5, max_ms=50.0, n_timed=3), 1) as p:
+        r = p.check(sleepy.replace("BATCH = 16", "BATCH = 1"))
+        assert r.accepted, r.rejection
+        assert r.batches[0] == 1 and 25 <= r.batches[-1] <= 64, r.batches
+
+
+def test_workers_sharing_a_gpu_split_it(monkeypatch):
+    from cuda_agent.synth.worker import gpu_memory_cap
+
+    gib = 2**30
+    assert gpu_memory_cap(140 * gib, 16384, 1) == pytest.approx(16 / 140)     # the limit fits: the limit
+    assert gpu_memory_cap(140 * gib, 16384, 8) == pytest.approx(0.9 / 8)      # 8 x 16 GiB would not: a share
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    pool = WorkerPool(FilterConfig(device="cuda"), 5)     # workers start on first use: none here
+    assert [w.gpu_share for w in pool._all] == [3] * 5     # GPU 3 takes slots 0, 2, 4
+
+
 def test_a_crashing_or_hanging_task_costs_only_that_task():
     with WorkerPool(fast_config(timeout_s=8), 1) as p:
         r = p.check(task("", "import os\nos.abort()"))

@@ -40,7 +40,8 @@ FILTERS: dict[str, str] = {
     "contaminated": "too close to a benchmark task (AST, operator sequence or MinHash)",
     "load_error": "the module does not import",
     "eager_error": "construction or eager forward fails, or outputs are not float tensors",
-    "crash": "the worker process died (segfault, abort, out of memory)",
+    "crash": "the worker process died (segfault, abort, out of host memory)",
+    "out_of_memory": "needs more GPU memory than a worker's share (gpu_memory_mb, split among the GPU's workers)",
     "timeout": "the checks ran past the per-task time limit",
     "random_op": "random ops at run time (dropout in train mode, torch.rand*, RNG consumed)",
     "nondeterministic": "two identical runs give different outputs",
@@ -92,6 +93,8 @@ class FilterConfig(BaseModel):
     max_output_mb: int = Field(2048, description="largest total output (the judge's max_output_mb default)")
     threads_per_worker: int = Field(1, description="torch CPU threads in each worker")
     memory_limit_mb: int = Field(16384, description="resident memory of one worker (killed above)")
+    gpu_memory_mb: int = Field(16384, description="GPU memory one worker may allocate; less when the GPU's "
+                                                  "workers would not fit (90% of the GPU split among them)")
     startup_timeout_s: float = 120.0
     tasks_per_worker: int = Field(200, description="replace a worker after this many tasks (compile caches, "
                                                    "allocator state and leaks do not accumulate)")
@@ -132,25 +135,42 @@ class Worker:
     """One sandboxed worker process; replaced after a crash or a timeout."""
 
     UID_BASE = 58000   # apart from the judges' sandbox uids (61000-64999, spares and builds above)
+    UID_WAYS = 4       # a restarted worker takes the next of its slot's uids (see start)
 
-    def __init__(self, config: FilterConfig, slot: int):
+    def __init__(self, config: FilterConfig, slot: int, gpu_share: int = 1):
         self.config, self.slot = config, slot
+        self.gpu_share = gpu_share   # workers on this worker's GPU (they split its memory)
         self.proc = None
         self._buf = b""
         self.done = 0
+        self.starts = 0
 
     def start(self) -> None:
+        """Start the process; a start that fails is tried once more (a GPU context that has just
+        faulted can take a moment to go away)."""
+        try:
+            self._start()
+        except RuntimeError:
+            time.sleep(2.0)
+            self._start()
+
+    def _start(self) -> None:
         from cuda_agent.judge.sandbox import SandboxSpec, Sandboxed, new_workdir, python_argv
 
+        # Each start takes the next of the slot's uids: the process being replaced (stuck in the
+        # driver after a fault, say) and its clean-up by uid never touch the new one.
+        uid = self.UID_BASE + self.slot * self.UID_WAYS + self.starts % self.UID_WAYS
+        self.starts += 1
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         cfg = self.config
         spec = SandboxSpec(
             argv=python_argv("cuda_agent.synth.worker", str(req_r), str(rep_w)),
-            workdir=new_workdir(synth_root_dir(), f"worker{self.slot}-"), uid=self.UID_BASE + self.slot,
+            workdir=new_workdir(synth_root_dir(), f"worker{self.slot}-"), uid=uid,
             pass_fds=(req_r, rep_w), max_procs=256,
             address_space_mb=None if cfg.device == "cuda" else cfg.memory_limit_mb * 2,
-            env={"CUDA_AGENT_SYNTH_THREADS": str(cfg.threads_per_worker),
+            env={"CUDA_AGENT_SYNTH_THREADS": str(cfg.threads_per_worker), "CUDA_AGENT_SYNTH_GPU_SHARE": str(self.gpu_share),
+                 "CUDA_AGENT_SYNTH_GPU_MB": str(cfg.gpu_memory_mb),
                  "OMP_NUM_THREADS": str(cfg.threads_per_worker), "TORCHINDUCTOR_COMPILE_THREADS": "1",
                  **self._gpu_env()})
         try:
@@ -251,7 +271,13 @@ class WorkerPool:
     def __init__(self, config: FilterConfig, size: int):
         self.config = config
         self._idle: queue.Queue[Worker] = queue.Queue()
-        self._all = [Worker(config, i) for i in range(size)]
+        gpus = 1
+        if config.device == "cuda":
+            from cuda_agent.pool import visible_gpus
+
+            gpus = max(1, len(visible_gpus()))
+        # slot k runs on GPU k mod gpus (Worker._gpu_env): that many workers share each GPU
+        self._all = [Worker(config, i, gpu_share=-(-size // gpus)) for i in range(size)]
         for w in self._all:
             self._idle.put(w)
 

@@ -16,7 +16,9 @@ Checks, in order (the first failure is the verdict):
   nonfinite, constant_output, input_independent, degenerate (the judge's own warnings)
   unused_parameter, unused_input   gradient, then perturbation, for what got no gradient
   runtime_window         eager median in [min_ms, max_ms], BATCH rescaled toward it first
+                         (a size that runs out of GPU memory is backed off toward the last good one)
   (the value checks are repeated on the rescaled task)
+  out_of_memory          any check above ran out of the worker's GPU memory share
   compile_error, compile_mismatch   torch.compile output matches eager (judge tolerances)
 
 Seeds: weights are built under INIT_SEED, inputs under INPUT_SEEDS; fixed so that a rerun of the
@@ -254,6 +256,11 @@ def _usage(r: Runner, model, xs: list, out: list, tol: float) -> None:
             raise Reject("unused_input", f"input {i} does not influence the output")
 
 
+def _oom(exc: BaseException) -> bool:
+    """A CUDA out-of-memory failure (torch's own error, or the runtime's in a kernel launch)."""
+    return "out of memory" in str(exc)
+
+
 def median_ms(r: Runner, fn, xs: list, cfg: dict, failure: str, budget_s: float | None = None) -> float:
     """Median time of `fn(*xs)` over cfg's warm-up and timed runs (stopping early once `budget_s`
     is spent); a run that raises rejects the task under `failure` (out of memory, a kernel that
@@ -309,14 +316,23 @@ def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int
         new = max(1, min(limit, round(batch * target / max(ms, 1e-6))))
         if new == batch:
             break
-        source = set_batch(source, new)
-        r = Runner(source, cfg["device"])
-        try:
-            ms = eager_ms(r, cfg)
-        except Reject:
-            raise
-        except Exception as exc:  # out of memory at the new size, most likely
-            raise Reject("runtime_window", f"rescaled to BATCH={new}: {type(exc).__name__}: {exc}") from None
+        while True:
+            try:
+                cand = Runner(set_batch(source, new), cfg["device"])
+                ms_new = eager_ms(cand, cfg)
+                break
+            except Exception as exc:
+                # Out of memory at the new size: halfway back toward the last size that ran (the
+                # estimate counts inputs and outputs only, not what the forward holds meanwhile).
+                _free(r.torch, cfg["device"])
+                back = (new + batch) // 2
+                if isinstance(exc, Reject) and not _oom(exc):
+                    raise
+                if not _oom(exc) or back in (new, batch):
+                    how = exc.message if isinstance(exc, Reject) else f"{type(exc).__name__}: {exc}"
+                    raise Reject("runtime_window", f"rescaled to BATCH={new}: {how}") from None
+                new = back
+        source, r, ms = set_batch(source, new), cand, ms_new
         batches.append(new)
     if not lo <= ms <= hi:
         how = f" after rescaling BATCH {' -> '.join(map(str, batches))}" if len(batches) > 1 else ""
@@ -366,16 +382,39 @@ def check(source: str, cfg: dict) -> dict:
             result["passed"].append("compile")
         result["accepted"] = True
     except Reject as rej:
-        result["rejection"] = {"filter": rej.filter, "message": rej.message[:2000]}
+        result["rejection"] = {"filter": "out_of_memory" if _oom(rej) else rej.filter, "message": rej.message[:2000]}
     except Exception as exc:  # a checker bug must still yield a record, not kill the worker
-        result["rejection"] = {"filter": "worker_error",
+        result["rejection"] = {"filter": "out_of_memory" if _oom(exc) else "worker_error",
                                "message": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"}
+    if result["rejection"] is not None:
+        import torch
+
+        _free(torch, cfg["device"])
     result["check_s"] = time.monotonic() - t0
     # a CUDA error (illegal address, launch failure) poisons the context for every later task:
     # ask the parent for a fresh process after this reply
     msg = (result["rejection"] or {}).get("message", "")
     result["restart"] = cfg["device"] == "cuda" and ("CUDA error" in msg or "AcceleratorError" in msg)
     return result
+
+
+def _free(torch, device: str) -> None:
+    """Give cached GPU memory back after a rejection, so the next task starts from an empty share."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - a faulted context: the parent restarts this worker
+            pass
+
+
+def gpu_memory_cap(total_bytes: int, limit_mb: int, share: int) -> float:
+    """The fraction of the GPU one worker may allocate: its limit, or an equal part of 90% of the
+    GPU when `share` workers at that limit would not fit (out-of-memory rejections would then
+    depend on what the other workers happen to hold)."""
+    return min(limit_mb * 2**20 / total_bytes, 0.9 / max(1, share))
 
 
 def main(argv: list[str]) -> int:
@@ -388,6 +427,10 @@ def main(argv: list[str]) -> int:
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = False   # the judge's references are true fp32
         torch.backends.cudnn.allow_tf32 = False
+        limit_mb = int(os.environ.get("CUDA_AGENT_SYNTH_GPU_MB", "16384"))
+        share = int(os.environ.get("CUDA_AGENT_SYNTH_GPU_SHARE", "1"))
+        torch.cuda.set_per_process_memory_fraction(
+            gpu_memory_cap(torch.cuda.mem_get_info()[1], limit_mb, share))
     rep = os.fdopen(rep_fd, "w", buffering=1)
     rep.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     with os.fdopen(req_fd, "r") as req:
