@@ -11,10 +11,11 @@ similarity) and writes them to OUT/throughput.json. The tasks stay in OUT (never
 On a machine with several GPUs the workers (and the judge processes) take them in turn; the
 figure per GPU-hour is the rate divided by the GPUs used.
 
---judge-sample K runs the judge (lenient policy) on K accepted tasks with the reference itself as
-the candidate (its `Model` renamed `ModelNew`): a task that loads, builds, runs and verifies there
-passes the judge's reference checks; the judge's own task warnings (degenerate outputs) are
-counted too. --benchmark-dir decontaminates against a KernelBench checkout when one is present.
+--judge-sample K runs the judge's reference checks (`Judge.check_reference`) on K accepted tasks:
+the reference loads and runs in the judge's harness and again in an isolated process on the
+judge's fresh input sets, and must reproduce the harness's outputs there; the judge's own task
+warnings (degenerate outputs) are counted too. --benchmark-dir decontaminates against a
+KernelBench checkout when one is present.
 """
 
 from __future__ import annotations
@@ -70,28 +71,26 @@ def rejection_examples(out: Path, per_filter: int = 3) -> dict[str, list[str]]:
 
 
 def _judge_chunk(out: str, names: list[str], device: str, results, gpu: str | None = None) -> None:
-    """One judge process (on `gpu`, when given): the reference of each named task judged as its own candidate."""
+    """One judge process (on `gpu`, when given): the judge's reference checks of each named task."""
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # before torch is imported in this process
-    from cuda_agent.candidate import Candidate
     from cuda_agent.judge import Judge, JudgeConfig, JudgeError
     from cuda_agent.tasks import iter_parquet_tasks
 
     wanted = set(names)
     tasks = [t for t in iter_parquet_tasks(Path(out) / "tasks.parquet") if t.name in wanted]
     # Five checked input sets as always; few timed calls: this checks the task, not a kernel's speed.
-    cfg = JudgeConfig(device=device, policy="lenient", n_warmup=1, n_timed=3, compile_mode="none")
+    cfg = JudgeConfig(device=device, n_warmup=1, n_timed=5, compile_mode="none")
     with Judge(cfg) as judge:
         for t in tasks:
-            cand = Candidate.from_source(t.source.replace("class Model(nn.Module):", "class ModelNew(nn.Module):"),
-                                         origin=t.name)
             try:
-                v = judge.evaluate(t, cand)
+                v = judge.check_reference(t)
             except JudgeError as exc:
                 results.put({"task": t.name, "ok": False, "error": str(exc)[:300]})
                 continue
             results.put({"task": t.name, "ok": bool(v.correct), "warned": bool(v.task_warnings),
-                         "failure": (v.failure.message[:300] if v.failure else None) if not v.correct else None})
+                         "eager_ms": v.eager.median_ms if v.eager else None,
+                         "failure": v.failure.message[:300] if v.failure else None})
 
 
 def judge_sample(out: Path, k: int, device: str, parallel: int) -> dict:

@@ -206,15 +206,54 @@ class Judge:
         self._baselines: dict[str, _Baseline] = {}
 
     # -------------------------------------------------------------------------------- public
-    def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
-        t0 = time.monotonic()
-        verdict = Verdict(task_id=task.id, task_name=task.name, candidate_hash=candidate.hash,
-                          device=self.device, device_name=self.device_name,
-                          compile_mode=None if self.config.compile_mode == "none" else self.config.compile_mode,
-                          versions={"torch": torch.__version__, "cuda": str(torch.version.cuda)})
+    def _new_verdict(self, task: Task, candidate_hash: str) -> Verdict:
         self._live: list[Sandboxed] = []
         self._gpu_plane_problem: str | None = None
         self._build_failure: Failure | None = None  # a load_inline build the candidate asked for failed
+        return Verdict(task_id=task.id, task_name=task.name, candidate_hash=candidate_hash,
+                       device=self.device, device_name=self.device_name,
+                       compile_mode=None if self.config.compile_mode == "none" else self.config.compile_mode,
+                       versions={"torch": torch.__version__, "cuda": str(torch.version.cuda)})
+
+    def check_reference(self, task: Task) -> Verdict:
+        """The judge's checks of a task on its own, for task sets (synthesis, imports): the
+        reference loads and runs in this harness, then runs again as a trusted candidate in an
+        isolated process on the judge's fresh input sets (weights through state_dict) and must
+        reproduce the harness's outputs there within tolerance, leave its inputs unmodified and give
+        outputs that are not degenerate (`task_warnings`). `eager` is its time under the call
+        protocol. No candidate policy applies: the reference is not a candidate. A task that fails
+        gets correct=False and the reason in `failure`; the reward is not computed."""
+        t0 = time.monotonic()
+        cfg = self.config
+        v = self._new_verdict(task, "reference")
+        try:
+            ref = self._reference(task)
+            setup = self._setup(task, ref, secrets.randbits(31))
+            deadline = t0 + cfg.total_timeout_s
+            session = self._start(task, _baseline_source("eager", setup.outputs), None, setup, v, deadline,
+                                  trusted=True)
+            try:
+                roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
+                inside, _ = self._drive(session, ref, setup, roles, v, set(), deadline)
+            finally:
+                session.close()
+            v.compiled = v.correct = True
+            v.eager = summarize(inside)
+        except _Stop as stop:
+            v.failure = stop.failure
+        except Exception as exc:  # the task's own code raised in the harness (or the task is malformed)
+            v.failure = Failure(category=FC.RUNTIME, message=f"{type(exc).__name__}: {exc}"[:4000])
+        finally:
+            for proc in self._live:
+                proc.cleanup()
+            self._live = []
+        v.correct = v.failure is None
+        v.judge_s = time.monotonic() - t0
+        return v
+
+    def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
+        t0 = time.monotonic()
+        verdict = self._new_verdict(task, candidate.hash)
         try:
             self._evaluate(task, candidate, verdict, t0)
         except _Stop as stop:
