@@ -125,8 +125,8 @@ case "$stage" in
     grep -v "━" "$out/throughput.log" | cut -c1-300 | tail -50
     ;;
   synth)
-    # Tasks generated and filtered per hour, then the accepted tasks judged with their reference as
-    # the candidate (SYNTH_JUDGE of them, default all; 0: none). Its statistics come back in
+    # Tasks generated and filtered per hour, then the judge's reference checks of the accepted tasks
+    # (Judge.check_reference; SYNTH_JUDGE of them, default all; 0: none). Its statistics come back in
     # synth_throughput.json, the sample itself packed in synth-sample.tgz. SYNTH_RESUME=1 continues
     # the sample carried in .synth-h200/synth-sample.tgz (from an earlier call) instead of starting anew.
     rm -rf /tmp/synth-h200

@@ -322,16 +322,18 @@ def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int
                 ms_new = eager_ms(cand, cfg)
                 break
             except Exception as exc:
-                # Out of memory at the new size: halfway back toward the last size that ran (the
-                # estimate counts inputs and outputs only, not what the forward holds meanwhile).
-                _free(r.torch, cfg["device"])
-                back = (new + batch) // 2
                 if isinstance(exc, Reject) and not _oom(exc):
                     raise
+                back = (new + batch) // 2
                 if not _oom(exc) or back in (new, batch):
                     how = exc.message if isinstance(exc, Reject) else f"{type(exc).__name__}: {exc}"
                     raise Reject("runtime_window", f"rescaled to BATCH={new}: {how}") from None
-                new = back
+            # Out of memory at the new size: halfway back toward the last size that ran (the
+            # estimate counts inputs and outputs only, not what the forward holds meanwhile).
+            # Freed here, past the except block: the exception's frames held the failed run's tensors.
+            cand = None
+            _free(r.torch, cfg["device"])
+            new = back
         source, r, ms = set_batch(source, new), cand, ms_new
         batches.append(new)
     if not lo <= ms <= hi:
