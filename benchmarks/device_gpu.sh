@@ -149,7 +149,7 @@ case "$stage" in
     cp /tmp/synth-h200/report.json "$out/synth_report.json" 2>/dev/null
     cp /tmp/synth-h200/judge_progress.jsonl "$out/" 2>/dev/null
     [ -f "$out/judge_progress.jsonl" ] && echo "judged: $(wc -l < "$out/judge_progress.jsonl"), passed:" \
-      "$(grep -c '"ok": true' "$out/judge_progress.jsonl")"
+      "$(grep -cE '"ok": ?true' "$out/judge_progress.jsonl")"
     grep -v "━" "$out/synth.log" | cut -c1-300 | tail -80
     ;;
   *)

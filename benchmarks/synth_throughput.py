@@ -70,64 +70,24 @@ def rejection_examples(out: Path, per_filter: int = 3) -> dict[str, list[str]]:
     return examples
 
 
-def _judge_chunk(out: str, names: list[str], device: str, results, gpu: str | None = None) -> None:
-    """One judge process (on `gpu`, when given): the judge's reference checks of each named task."""
-    if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # before torch is imported in this process
-    from cuda_agent.judge import Judge, JudgeConfig, JudgeError
-    from cuda_agent.tasks import iter_parquet_tasks
-
-    wanted = set(names)
-    tasks = [t for t in iter_parquet_tasks(Path(out) / "tasks.parquet") if t.name in wanted]
-    # Five checked input sets as always; few timed calls: this checks the task, not a kernel's speed.
-    cfg = JudgeConfig(device=device, n_warmup=1, n_timed=5, compile_mode="none")
-    with Judge(cfg) as judge:
-        for t in tasks:
-            try:
-                v = judge.check_reference(t)
-            except JudgeError as exc:
-                results.put({"task": t.name, "ok": False, "error": str(exc)[:300]})
-                continue
-            results.put({"task": t.name, "ok": bool(v.correct), "warned": bool(v.task_warnings),
-                         "eager_ms": v.eager.median_ms if v.eager else None,
-                         "failure": v.failure.message[:300] if v.failure else None})
-
-
 def judge_sample(out: Path, k: int, device: str, parallel: int) -> dict:
-    """Judge the first `k` accepted tasks in `parallel` judge processes (each its own sandbox uid)."""
-    import multiprocessing as mp
-
+    """The judge's reference checks of the first `k` exported tasks, `parallel` judges at a time;
+    one line per task in OUT/judge_progress.jsonl as it comes (kept if the check is cut short)."""
+    from cuda_agent.synth.judgecheck import check_tasks
     from cuda_agent.tasks import iter_parquet_tasks
 
-    from cuda_agent.pool import visible_gpus
-
-    names = [t.name for t in iter_parquet_tasks(out / "tasks.parquet")][:k]
-    gpus = visible_gpus() if device == "cuda" else []
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_judge_chunk, args=(str(out), names[i::parallel], device, results,
-                                                     gpus[i % len(gpus)] if gpus else None))
-             for i in range(max(1, parallel)) if names[i::parallel]]
+    items = [(t.name, t.source) for t in iter_parquet_tasks(out / "tasks.parquet")][:k]
     t0 = time.monotonic()
-    for p in procs:
-        p.start()
-    got: list[dict] = []
-    progress = out / "judge_progress.jsonl"  # one line per judged task, kept if the check is cut short
-    with progress.open("w") as log:
-        while len(got) < len(names) and (any(p.is_alive() for p in procs) or not results.empty()):
-            try:
-                got.append(results.get(timeout=1.0))
-            except Exception:  # queue.Empty: check the processes again
-                continue
-            log.write(json.dumps(got[-1]) + "\n")
+    with (out / "judge_progress.jsonl").open("w") as log:
+        def note(rec) -> None:
+            log.write(rec.model_dump_json() + "\n")
             log.flush()
-    for p in procs:
-        p.join()
-    failed = [g for g in got if not g["ok"]]
-    lost = len(names) - len(got)
-    return {"judged": len(got), "passed": len(got) - len(failed), "lost_to_crashed_judges": lost,
-            "with_task_warnings": sum(bool(g.get("warned")) for g in got), "failures": failed[:20],
-            "judge_s": time.monotonic() - t0, "parallel": len(procs)}
+
+        got = check_tasks(items, device, parallel, on_result=note)
+    failed = [g.model_dump() for g in got.values() if not g.ok]
+    return {"judged": len(got), "passed": len(got) - len(failed), "lost_to_crashed_judges": len(items) - len(got),
+            "with_task_warnings": sum(g.warned for g in got.values()), "failures": failed[:20],
+            "judge_s": time.monotonic() - t0, "parallel": min(parallel, len(items))}
 
 
 def main() -> int:

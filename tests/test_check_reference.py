@@ -70,3 +70,17 @@ def test_on_the_gpu_an_honest_task_passes_and_a_random_one_fails(tmp_path_factor
         assert v.correct and v.eager is not None and v.eager.median_ms > 0, v.failure
         v = judge.check_reference(make_task("return x + torch.randn_like(x)"))
         assert not v.correct and v.failure.category == FailureCategory.MISMATCH, v.failure
+
+
+def test_check_tasks_runs_the_checks_in_parallel_judge_processes():
+    from cuda_agent.synth.judgecheck import check_tasks
+
+    good = make_task("return torch.tanh(x)").source
+    bad = make_task("return x + torch.randn_like(x)").source
+    seen = []
+    got = check_tasks([("good", good), ("bad", bad), ("broken", "not python (")], "cpu", parallel=2,
+                      on_result=seen.append)
+    assert sorted(got) == sorted(r.name for r in seen) == ["bad", "broken", "good"]
+    assert got["good"].ok and got["good"].eager_ms > 0 and got["good"].failure is None
+    assert not got["bad"].ok and got["bad"].failure
+    assert not got["broken"].ok and "Error" in got["broken"].failure    # a task the judge cannot take, with why

@@ -103,3 +103,36 @@ def test_time_limit_stops_early_and_exports_what_was_accepted(tmp_path, catalog_
     report = run_synth(cfg)
     assert 0 < report.candidates < 500 and report.accepted < 500
     assert report.exported == report.accepted == len(list(iter_parquet_tasks(tmp_path / "tasks.parquet")))
+
+
+def test_judge_check_rejects_what_the_judge_fails_and_generates_replacements(tmp_path, catalog_file, monkeypatch):
+    """With judge_check every exported task passed the judge's reference checks (real judge, CPU);
+    one the judge fails (here: made to fail) is recorded as judge_reference and replaced."""
+    import cuda_agent.synth.pipeline as pipeline
+    from cuda_agent.synth.judgecheck import ReferenceCheck
+
+    real = pipeline.check_tasks
+    failed: list[str] = []
+
+    def first_fails(items, device, parallel):
+        got = real(items, device, parallel)
+        if not failed:
+            name = min(got, key=lambda n: int(n.split("_")[0]))
+            failed.append(name)
+            got[name] = ReferenceCheck(name=name, ok=False, failure="call 0 (checked): planted mismatch")
+        return got
+
+    monkeypatch.setattr(pipeline, "check_tasks", first_fails)
+    cfg = SynthConfig(n=3, out=tmp_path, seed=5, workers=2, catalog=catalog_file, compose={"profile": "cpu"},
+                      judge_check=True, judge_parallel=2,
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60))
+    report = run_synth(cfg)
+    assert report.exported == 3 and report.judge_checked >= 4 and report.rejected_by.get("judge_reference") == 1
+    records = {r.index: r for r in read_records(tmp_path)}
+    bad = records[int(failed[0].split("_")[0])]
+    assert not bad.accepted and bad.rejection.filter == "judge_reference" and "planted" in bad.rejection.message
+    exported = list(iter_parquet_tasks(tmp_path / "tasks.parquet"))
+    assert failed[0] not in [t.name for t in exported]
+    for t in exported:
+        rec = records[int(t.name.split("_")[0])]
+        assert rec.judge is not None and rec.judge.ok and rec.judge.eager_ms > 0

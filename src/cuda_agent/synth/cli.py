@@ -45,6 +45,8 @@ def print_report(report, console: Console) -> None:
     console.print(table)
     console.print(f"{report.tasks_per_hour:.0f} tasks/hour, {report.candidates_per_hour:.0f} candidates/hour "
                   f"this run ({report.wall_s:.1f} s); exported {report.exported} tasks")
+    if report.judge_checked:
+        console.print(f"judge's reference checks: {report.judge_checked} tasks in {report.judge_s:.1f} s")
 
 
 def synth_cmd(
@@ -68,6 +70,11 @@ def synth_cmd(
     time_limit: Annotated[Optional[float], typer.Option(
         "--time-limit", help="seconds: start no new candidate after this, export what was accepted "
                              "(rerun with the same --out to go on)")] = None,
+    judge_check: Annotated[Optional[bool], typer.Option(
+        "--judge-check/--no-judge-check", help="hold every accepted task to the judge's reference checks "
+                                               "(its reference reproduced in the judge's isolated process) and "
+                                               "export only those that pass")] = None,
+    judge_parallel: Annotated[Optional[int], typer.Option("--judge-parallel", help="judge processes for --judge-check")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="SynthConfig fields from a TOML or JSON file")] = None,
 ) -> None:
     """Synthesize fused-operator tasks: crawl seed ops, compose, filter in isolated workers, export.
@@ -104,7 +111,7 @@ def synth_cmd(
     values.update(out=out, n=n, seed=seed, workers=n_workers, filters=filters, compose=compose, composer=composer,
                   llm=llm or None)
     for key, val in (("benchmark_dir", benchmark_dir), ("catalog", catalog), ("max_candidates", max_candidates),
-                     ("time_limit_s", time_limit)):
+                     ("time_limit_s", time_limit), ("judge_check", judge_check), ("judge_parallel", judge_parallel)):
         if val is not None:
             values[key] = val
     try:

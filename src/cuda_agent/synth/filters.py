@@ -57,6 +57,7 @@ FILTERS: dict[str, str] = {
     "compile_error": "torch.compile fails",
     "compile_mismatch": "torch.compile output differs from eager",
     "worker_error": "a bug in the checker itself (reported, never silently accepted)",
+    "judge_reference": "the judge's reference checks fail (--judge-check: the reference does not reproduce in the judge's isolated process)",
 }
 
 

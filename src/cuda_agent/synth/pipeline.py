@@ -7,6 +7,11 @@ execution checks run on a pool of isolated workers. Every finished candidate is 
 the same settings skips the indices already recorded (settings that change what a candidate is
 must match; `OUT/run.json` records them). When `n` candidates are accepted, the first `n` by
 index are exported (`tasks.parquet`, `tasks.jsonl`) with a report of how many each filter removed.
+
+With `judge_check`, every accepted candidate is then held to the judge's reference checks
+(`Judge.check_reference`, in parallel judge processes once the filter workers are stopped); a task
+that fails is rejected as `judge_reference` (its record appended again with the verdict) and
+replacements are generated, so that every exported task passed the judge.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .catalog import load_or_crawl
 from .compose import ComposeConfig, ComposeError, Composition, LLMComposer, LLMConfig, ProgrammaticComposer
 from .decontam import BenchmarkIndex, DecontamConfig, Nearest
 from .filters import FILTERS, CheckResult, FilterConfig, Rejection, StaticFilter, WorkerPool
+from .judgecheck import ReferenceCheck, check_tasks
 
 SEED_STRIDE = 10_000_000
 
@@ -48,6 +54,9 @@ class SynthConfig(BaseModel):
     max_candidates: int | None = Field(None, description="stop after this many candidates (default 50 * n)")
     time_limit_s: float | None = Field(None, gt=0, description="start no new candidate after this many seconds; "
                                                                "what was accepted is exported (resume to go on)")
+    judge_check: bool = Field(False, description="hold every accepted task to the judge's reference checks; "
+                                                 "export only those that pass")
+    judge_parallel: int = Field(4, ge=1, description="judge processes for judge_check (GPUs taken in turn)")
 
     def identity(self) -> dict:
         return {"seed": self.seed, "composer": self.composer, "compose": self.compose.model_dump()}
@@ -67,6 +76,7 @@ class CandidateRecord(BaseModel):
     nearest: Nearest | None = None
     check: CheckResult | None = None
     source: str = ""      # the final (rescaled) source; kept for accepted candidates only
+    judge: ReferenceCheck | None = None   # the judge's reference checks (judge_check runs only)
 
 
 class SynthReport(BaseModel):
@@ -78,6 +88,8 @@ class SynthReport(BaseModel):
     candidates_per_hour: float
     exported: int
     config: dict
+    judge_checked: int = 0     # tasks held to the judge's reference checks in this run
+    judge_s: float = 0.0
 
 
 def _log_path(out: Path) -> Path:
@@ -150,14 +162,19 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
 
     def record(rec: CandidateRecord) -> None:
         nonlocal accepted
+        before = records.get(rec.index)
+        accepted += rec.accepted - (before.accepted if before is not None else 0)
         records[rec.index] = rec
-        accepted += rec.accepted
         log.write(rec.model_dump_json() + "\n")
         log.flush()
         progress.update(accepted, len(records), rec)
 
+    def passed_judge(r: CandidateRecord) -> bool:
+        return r.accepted and (not cfg.judge_check or (r.judge is not None and r.judge.ok))
+
     pending: dict[Future, CandidateRecord] = {}
     index = 0
+    judge_checked, judge_s = 0, 0.0
     try:
         # the pool closes first on the way out: an interrupt kills the workers instead of waiting
         # for their tasks (those candidates are not recorded and are redone on resume)
@@ -176,12 +193,32 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                         record(rec)
                         continue
                     pending[ex.submit(pool.check, rec.source)] = rec
-                if not pending:
+                if pending:
+                    finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        rec = pending.pop(fut)
+                        record(_finish(rec, fut.result()))
+                    continue
+                todo = [r for r in records.values() if r.accepted and r.judge is None] if cfg.judge_check else []
+                if not todo:
                     break
-                finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    rec = pending.pop(fut)
-                    record(_finish(rec, fut.result()))
+                # The judge's reference checks of what the filters accepted. The filter workers
+                # stop first (they hold GPU memory); the next candidate starts them again.
+                pool.close()
+                t_judge = time.monotonic()
+                by_name = {f"{r.index}_{r.name}": r for r in todo}
+                verdicts = check_tasks([(name, r.source) for name, r in by_name.items()], cfg.filters.device,
+                                       cfg.judge_parallel)
+                judge_s += time.monotonic() - t_judge
+                judge_checked += len(verdicts)
+                for name, check in verdicts.items():
+                    rec = by_name[name].model_copy(update={"judge": check})
+                    if not check.ok:
+                        rec.accepted, rec.source = False, ""
+                        rec.rejection = Rejection(filter="judge_reference", message=check.failure or "failed")
+                    record(rec)
+                if not verdicts:
+                    break   # the judges could not run at all: stop rather than loop
     finally:
         log.close()
         progress.stop()
@@ -189,14 +226,14 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     from .export import export
 
     ordered = sorted(records.values(), key=lambda r: r.index)
-    chosen = [r for r in ordered if r.accepted][: cfg.n]
+    chosen = [r for r in ordered if passed_judge(r)][: cfg.n]
     exported = export(chosen, out)
     new = len(records) - done_before
     report = SynthReport(
         accepted=len(chosen), candidates=len(records), rejected_by=rejection_table(ordered), wall_s=wall,
         tasks_per_hour=(accepted - accepted_before) / wall * 3600 if wall > 0 else 0.0,
         candidates_per_hour=new / wall * 3600 if wall > 0 else 0.0, exported=exported,
-        config=json.loads(cfg.model_dump_json()))
+        config=json.loads(cfg.model_dump_json()), judge_checked=judge_checked, judge_s=judge_s)
     (out / "report.json").write_text(report.model_dump_json(indent=1))
     return report
 
