@@ -125,8 +125,9 @@ case "$stage" in
     grep -v "━" "$out/throughput.log" | cut -c1-300 | tail -50
     ;;
   synth)
-    # Tasks generated and filtered per hour, then the judge's reference checks of the accepted tasks
-    # (Judge.check_reference; SYNTH_JUDGE of them, default all; 0: none). Its statistics come back in
+    # Tasks generated and filtered per hour, the judge's reference checks (Judge.check_reference)
+    # inside the pipeline (SYNTH_JUDGE_CHECK=1, the default; 0: without), then the same checks of
+    # SYNTH_JUDGE exported tasks afterwards (default 0). Its statistics come back in
     # synth_throughput.json, the sample itself packed in synth-sample.tgz. SYNTH_RESUME=1 continues
     # the sample carried in .synth-h200/synth-sample.tgz (from an earlier call) instead of starting anew.
     rm -rf /tmp/synth-h200
@@ -137,11 +138,12 @@ case "$stage" in
     if [ -n "${DEADLINE:-}" ]; then
       left=$((DEADLINE - $(date +%s)))
       limit=$((left - 15)); [ $limit -lt $((${SYNTH_TIMEOUT:-540})) ] || limit=${SYNTH_TIMEOUT:-540}
-      [ "${SYNTH_JUDGE:-x}" = 0 ] && [ $((limit - 45)) -lt $gen ] && gen=$((limit - 45))
+      [ "${SYNTH_JUDGE:-0}" = 0 ] && [ "${SYNTH_JUDGE_CHECK:-1}" = 0 ] && [ $((limit - 45)) -lt $gen ] && gen=$((limit - 45))
       echo "synth: ${left} s to the deadline; generation ${gen} s, stage limit ${limit} s"
     fi
     timeout $limit python3 benchmarks/synth_throughput.py --n "${SYNTH_N:-300}" --out /tmp/synth-h200 \
-      --time-limit $gen --judge-sample "${SYNTH_JUDGE:-${SYNTH_N:-300}}" --judge-parallel ${JUDGE_PARALLEL:-4} \
+      --time-limit $gen --judge-sample "${SYNTH_JUDGE:-0}" --judge-parallel ${JUDGE_PARALLEL:-4} \
+      $([ "${SYNTH_JUDGE_CHECK:-1}" = 0 ] || echo --judge-check) \
       > "$out/synth.log" 2>&1
     echo "synth rc=$?"
     tar czf "$out/synth-sample.tgz" -C /tmp synth-h200

@@ -2,7 +2,8 @@
 
     python benchmarks/synth_throughput.py --n 300 --out /tmp/synth-h200              # GPU machine
     python benchmarks/synth_throughput.py --n 20 --out /tmp/synth-cpu --device cpu --min-ms 0.05 --max-ms 50
-    python benchmarks/synth_throughput.py --n 300 --out /tmp/synth-h200 --judge-sample 300   # + judge check
+    python benchmarks/synth_throughput.py --n 300 --out /tmp/synth-h200 --judge-check      # judge in the pipeline
+    python benchmarks/synth_throughput.py --n 300 --out /tmp/synth-h200 --judge-sample 300   # judge afterwards
 
 Runs the same pipeline as the CLI (resumable: rerunning continues the sample in --out), then
 prints tasks/hour and candidates/hour of this run, the per-filter rejection table, statistics of
@@ -11,10 +12,13 @@ similarity) and writes them to OUT/throughput.json. The tasks stay in OUT (never
 On a machine with several GPUs the workers (and the judge processes) take them in turn; the
 figure per GPU-hour is the rate divided by the GPUs used.
 
---judge-sample K runs the judge's reference checks (`Judge.check_reference`) on K accepted tasks:
-the reference loads and runs in the judge's harness and again in an isolated process on the
-judge's fresh input sets, and must reproduce the harness's outputs there; the judge's own task
-warnings (degenerate outputs) are counted too. --benchmark-dir decontaminates against a
+--judge-check runs the pipeline with `cuda-agent synth --judge-check`: every accepted task is held
+to the judge's reference checks (`Judge.check_reference`: the reference loads and runs in the
+judge's harness and again in an isolated process on the judge's fresh input sets, and must
+reproduce the harness's outputs there), failures are rejected as `judge_reference` and replaced,
+and the rate counts the judge's time. --judge-sample K runs the same checks on K exported tasks
+afterwards (for a sample made without them); the judge's own task warnings (degenerate outputs)
+are counted too. --benchmark-dir decontaminates against a
 KernelBench checkout when one is present.
 """
 
@@ -105,8 +109,9 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds of generation: start no new candidate after this (the sample may be short)")
     ap.add_argument("--benchmark-dir", type=Path, default=None)
-    ap.add_argument("--judge-sample", type=int, default=0, help="judge this many accepted tasks (reference as candidate)")
-    ap.add_argument("--judge-parallel", type=int, default=4, help="judge processes for --judge-sample (default 4)")
+    ap.add_argument("--judge-check", action="store_true", help="the judge's reference checks inside the pipeline")
+    ap.add_argument("--judge-sample", type=int, default=0, help="the judge's reference checks of this many exported tasks")
+    ap.add_argument("--judge-parallel", type=int, default=4, help="judge processes (default 4)")
     args = ap.parse_args()
 
     repo = Path(__file__).resolve().parents[1]
@@ -132,7 +137,8 @@ def main() -> int:
         fkw["compile"] = args.compile
     bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
     cfg = SynthConfig(n=args.n, out=args.out, seed=args.seed, workers=workers, benchmark_dir=bench,
-                      compose={"profile": device}, filters=FilterConfig(**fkw), time_limit_s=args.time_limit)
+                      compose={"profile": device}, filters=FilterConfig(**fkw), time_limit_s=args.time_limit,
+                      judge_check=args.judge_check, judge_parallel=args.judge_parallel)
     console = Console()
     t0 = time.monotonic()
     report = run_synth(cfg, _RichProgress(console))
@@ -145,6 +151,7 @@ def main() -> int:
               "cores": cores, "workers": workers, "torch": torch.__version__, "wall_s": time.monotonic() - t0,
               "tasks_per_hour": report.tasks_per_hour, "candidates_per_hour": report.candidates_per_hour,
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
+              "judge_checked": report.judge_checked, "judge_s": report.judge_s,
               "sample": sample_stats(args.out), "rejection_examples": rejection_examples(args.out)}
     # written before the judge check as well, so a check cut short loses nothing of the run
     (args.out / "throughput.json").write_text(json.dumps(result, indent=1))
