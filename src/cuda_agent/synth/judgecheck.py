@@ -59,11 +59,12 @@ def check_tasks(items: list[tuple[str, str]], device: str, parallel: int = 4,
     ctx = mp.get_context("spawn")   # a fresh interpreter: no CUDA state or threads inherited
     results = ctx.Queue()
     procs = [ctx.Process(target=_judge_process, args=(items[i::parallel], device,
-                                                      gpus[i % len(gpus)] if gpus else None, results), daemon=True)
+                                                      gpus[i % len(gpus)] if gpus else None, results))
              for i in range(parallel)]
     for p in procs:
         p.start()
     got: dict[str, ReferenceCheck] = {}
+    finished = False
     try:
         while len(got) < len(items):
             try:
@@ -75,8 +76,11 @@ def check_tasks(items: list[tuple[str, str]], device: str, parallel: int = 4,
             got[rec.name] = rec
             if on_result is not None:
                 on_result(rec)
+        finished = True
     finally:
         for p in procs:
+            if not finished:   # interrupted: no waiting (their sandboxes die with them)
+                p.kill()
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
