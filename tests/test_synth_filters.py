@@ -106,6 +106,22 @@ def test_a_rescale_that_runs_out_of_memory_backs_off_toward_the_last_size_that_r
         assert r.batches[0] == 1 and 40 <= r.batches[-1] <= 64, r.batches
 
 
+def test_checks_that_run_out_of_memory_after_the_window_retry_at_half_the_batch():
+    """The checks after the runtime window hold several outputs at once: a size whose timing ran can
+    run out there (simulated: the eval-mode run at BATCH > 100). Half the BATCH, still in the window,
+    is checked instead; once halving leaves the window the task is out_of_memory."""
+    sleepy = task("", f"if not self.training and x.shape[0] > 100:\n    {OOM}\n"
+                      "__import__('time').sleep(x.shape[0] * 2e-5)\nreturn x * 2.0").replace("BATCH = 16", "BATCH = 1")
+    with WorkerPool(fast_config(min_ms=0.8, max_ms=500.0, n_timed=3), 1) as p:
+        r = p.check(sleepy)     # the window asks for BATCH ~ 250, whose eval-mode run runs out
+        assert r.accepted, r.rejection
+        assert r.batches[0] == 1 and r.batches[-2] > 100 and 40 <= r.batches[-1] <= 100, r.batches
+        assert f"BATCH = {r.batches[-1]}\n" in r.source and r.eager_ms >= 0.8
+        r = p.check(sleepy.replace("> 100", "> 20"))     # half of it would leave the window
+        assert r.rejection is not None and r.rejection.filter == "out_of_memory", r.rejection
+        assert "outside" in r.rejection.message
+
+
 def test_workers_sharing_a_gpu_split_it(monkeypatch):
     from cuda_agent.synth.worker import gpu_memory_cap
 

@@ -18,7 +18,8 @@ Checks, in order (the first failure is the verdict):
   runtime_window         eager median in [min_ms, max_ms], BATCH rescaled toward it first
                          (a size that runs out of GPU memory is backed off toward the last good one)
   (the value checks are repeated on the rescaled task)
-  out_of_memory          any check above ran out of the worker's GPU memory share
+  out_of_memory          any check above ran out of the worker's GPU memory share (the checks after
+                         the window first retry at half the BATCH while its time stays in the window)
   compile_error, compile_mismatch   torch.compile output matches eager (judge tolerances)
 
 Seeds: weights are built under INIT_SEED, inputs under INPUT_SEEDS; fixed so that a rerun of the
@@ -342,6 +343,24 @@ def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int
     return source, r, ms, batches
 
 
+def smaller_batch(source: str, r: Runner, cfg: dict, batches: list[int]) -> tuple[str, Runner, float]:
+    """Half the last BATCH, timed again; rejects the task as out_of_memory once that leaves the window."""
+    from cuda_agent.synth.compose import set_batch
+
+    _free(r.torch, cfg["device"])
+    new = batches[-1] // 2
+    if new < 1:
+        raise Reject("out_of_memory", f"the checks run out of memory at BATCH={batches[-1]}")
+    source = set_batch(source, new)
+    r = Runner(source, cfg["device"])
+    ms = eager_ms(r, cfg)
+    if not cfg["min_ms"] <= ms <= cfg["max_ms"]:
+        raise Reject("out_of_memory", f"the checks run out of memory at BATCH={batches[-1]}; BATCH={new} takes "
+                                      f"{ms:.4g} ms, outside [{cfg['min_ms']:g}, {cfg['max_ms']:g}] ms")
+    batches.append(new)
+    return source, r, ms
+
+
 def compile_check(r: Runner, cfg: dict) -> float:
     from cuda_agent.judge.compare import compare_outputs
 
@@ -376,11 +395,22 @@ def check(source: str, cfg: dict) -> dict:
         value_checks(r, cfg, full=True)
         result["passed"] += ["random", "train_eval", "degenerate", "usage"]
         final, r, ms, batches = runtime_window(source, cfg)
-        result.update(source=final, eager_ms=ms, batches=batches)
         result["passed"].append("runtime_window")
-        result.update(value_checks(r, cfg, full=False))
-        if cfg["compile"]:
-            result["compile_ms"] = compile_check(r, cfg)
+        while True:
+            try:
+                info = value_checks(r, cfg, full=False)
+                compile_ms = compile_check(r, cfg) if cfg["compile"] else None
+                break
+            except Exception as exc:
+                # These checks hold several outputs at once (torch.compile its own buffers too): a
+                # size whose timing ran can run out of memory here. Half the BATCH is tried while
+                # its time stays in the window.
+                if not _oom(exc) or not batches:
+                    raise
+            final, r, ms = smaller_batch(final, r, cfg, batches)
+        result.update(info, source=final, eager_ms=ms, batches=batches)
+        if compile_ms is not None:
+            result["compile_ms"] = compile_ms
             result["passed"].append("compile")
         result["accepted"] = True
     except Reject as rej:
