@@ -114,13 +114,15 @@ def test_judge_check_rejects_what_the_judge_fails_and_generates_replacements(tmp
     real = pipeline.check_tasks
     failed: list[str] = []
 
-    def first_fails(items, device, parallel):
-        got = real(items, device, parallel)
-        if not failed:
-            name = min(got, key=lambda n: int(n.split("_")[0]))
-            failed.append(name)
-            got[name] = ReferenceCheck(name=name, ok=False, failure="call 0 (checked): planted mismatch")
-        return got
+    def first_fails(items, device, parallel, on_result):
+        def relay(check):
+            if not failed and check.name == first:
+                failed.append(check.name)
+                check = ReferenceCheck(name=check.name, ok=False, failure="call 0 (checked): planted mismatch")
+            on_result(check)
+
+        first = min((name for name, _ in items), key=lambda n: int(n.split("_")[0]))
+        return real(items, device, parallel, on_result=relay)
 
     monkeypatch.setattr(pipeline, "check_tasks", first_fails)
     cfg = SynthConfig(n=3, out=tmp_path, seed=5, workers=2, catalog=catalog_file, compose={"profile": "cpu"},
@@ -136,3 +138,31 @@ def test_judge_check_rejects_what_the_judge_fails_and_generates_replacements(tmp
     for t in exported:
         rec = records[int(t.name.split("_")[0])]
         assert rec.judge is not None and rec.judge.ok and rec.judge.eager_ms > 0
+
+
+def test_an_interrupted_judge_check_keeps_its_verdicts_and_resumes(tmp_path, catalog_file, monkeypatch):
+    import cuda_agent.synth.pipeline as pipeline
+    from cuda_agent.synth.judgecheck import ReferenceCheck
+
+    asked: list[list[str]] = []
+
+    def one_then_interrupt(items, device, parallel, on_result):
+        asked.append([name for name, _ in items])
+        on_result(ReferenceCheck(name=items[0][0], ok=True, eager_ms=1.0))
+        if len(asked) == 1:
+            raise KeyboardInterrupt     # the first check dies after one verdict
+        for name, _ in items[1:]:
+            on_result(ReferenceCheck(name=name, ok=True, eager_ms=1.0))
+        return {}
+
+    monkeypatch.setattr(pipeline, "check_tasks", one_then_interrupt)
+    cfg = SynthConfig(n=2, out=tmp_path, seed=9, workers=1, catalog=catalog_file, compose={"profile": "cpu"},
+                      judge_check=True,
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60))
+    with pytest.raises(KeyboardInterrupt):
+        run_synth(cfg)
+    kept = [r for r in read_records(tmp_path) if r.judge is not None]
+    assert [f"{r.index}_{r.name}" for r in kept] == [asked[0][0]]
+    report = run_synth(cfg)                         # resumed: only the unjudged are asked for
+    assert asked[0][0] not in asked[1] and set(asked[1]) == set(asked[0][1:])
+    assert report.exported == 2

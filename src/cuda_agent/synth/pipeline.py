@@ -207,16 +207,19 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                 pool.close()
                 t_judge = time.monotonic()
                 by_name = {f"{r.index}_{r.name}": r for r in todo}
-                verdicts = check_tasks([(name, r.source) for name, r in by_name.items()], cfg.filters.device,
-                                       cfg.judge_parallel)
-                judge_s += time.monotonic() - t_judge
-                judge_checked += len(verdicts)
-                for name, check in verdicts.items():
-                    rec = by_name[name].model_copy(update={"judge": check})
+
+                def judged(check: ReferenceCheck) -> None:
+                    # recorded as each verdict comes: an interrupted check keeps what it finished
+                    rec = by_name[check.name].model_copy(update={"judge": check})
                     if not check.ok:
                         rec.accepted, rec.source = False, ""
                         rec.rejection = Rejection(filter="judge_reference", message=check.failure or "failed")
                     record(rec)
+
+                verdicts = check_tasks([(name, r.source) for name, r in by_name.items()], cfg.filters.device,
+                                       cfg.judge_parallel, on_result=judged)
+                judge_s += time.monotonic() - t_judge
+                judge_checked += len(verdicts)
                 if not verdicts:
                     break   # the judges could not run at all: stop rather than loop
     finally:
