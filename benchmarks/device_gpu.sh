@@ -73,9 +73,7 @@ case "$stage" in
     timeout ${WS_TIMEOUT:-230} python3 benchmarks/judge_step.py --form workspace --runs ${RUNS:-5} \
       --out "$out/judge_step_workspace.json" > "$out/judge_step_workspace.log" 2>&1
     grep -E "run|│" "$out/judge_step_workspace.log" | cut -c1-700
-    timeout ${FILE_TIMEOUT:-300} python3 benchmarks/judge_step.py --form file --runs ${FILE_RUNS:-5} -c compile_mode=none \
-      --out "$out/judge_step_file.json" > "$out/judge_step_file.log" 2>&1
-    grep -E "run|│" "$out/judge_step_file.log" | cut -c1-700
+    FILE_TIMEOUT=${FILE_TIMEOUT:-300} SKIP_INSTALL=1 bash "$0" filestep "$out"
     ;;
   start)
     # What a worker pays before it can take a task, and back-to-back warm steps (spares at work).
@@ -83,10 +81,6 @@ case "$stage" in
     timeout ${WARM_TIMEOUT:-150} python3 benchmarks/judge_step.py --form workspace --mode warm --runs ${RUNS:-5} \
       --out "$out/judge_step_warm.json" > "$out/judge_step_warm.log" 2>&1
     grep -E "run|│" "$out/judge_step_warm.log" | cut -c1-500
-    ;;
-  start_throughput)
-    bash "$0" start "$out"
-    bash "$0" throughput "$out"
     ;;
   filestep)
     # The single-file form alone (its cold builds take ~45 s each): 5 cold and 5 warm runs.
@@ -137,7 +131,7 @@ case "$stage" in
     gen=${SYNTH_GEN_S:-330}; limit=${SYNTH_TIMEOUT:-540}
     if [ -n "${DEADLINE:-}" ]; then
       left=$((DEADLINE - $(date +%s)))
-      limit=$((left - 15)); [ $limit -lt $((${SYNTH_TIMEOUT:-540})) ] || limit=${SYNTH_TIMEOUT:-540}
+      limit=$(( left - 15 < limit ? left - 15 : limit ))
       [ "${SYNTH_JUDGE:-0}" = 0 ] && [ "${SYNTH_JUDGE_CHECK:-1}" = 0 ] && [ $((limit - 45)) -lt $gen ] && gen=$((limit - 45))
       echo "synth: ${left} s to the deadline; generation ${gen} s, stage limit ${limit} s"
     fi

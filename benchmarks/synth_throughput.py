@@ -18,8 +18,7 @@ judge's harness and again in an isolated process on the judge's fresh input sets
 reproduce the harness's outputs there), failures are rejected as `judge_reference` and replaced,
 and the rate counts the judge's time. --judge-sample K runs the same checks on K exported tasks
 afterwards (for a sample made without them); the judge's own task warnings (degenerate outputs)
-are counted too. --benchmark-dir decontaminates against a
-KernelBench checkout when one is present.
+are counted too. --benchmark-dir decontaminates against a KernelBench checkout when one is present.
 """
 
 from __future__ import annotations
