@@ -126,3 +126,25 @@ def test_a_prebuilt_candidate_is_a_cache_hit_for_the_judge(tmp_path):
         assert "prebuild" in v.phase_s
     # Built by the compile worker (its builder found neither in the fresh cache).
     assert stats.prebuild_built == 2 and stats.prebuild_failed == 0
+
+
+def test_workspace_builds_link_one_shared_binding_object(tmp_path):
+    """The fixed binding.cpp is compiled once, beside the precompiled header, and every workspace
+    build of the same flags links that object instead of compiling it again."""
+    from pathlib import Path
+
+    from cuda_agent.judge.build import SHARED_BINDING, Builder
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=600, uid=None)
+    silu = Candidate.from_path(Path(__file__).parent / "fixtures" / "cpu" / "honest" / "silu_ws")
+    first = builder.build(workspace_spec(silu.kernels, "ws:a", "cpu"))
+    objects = list(builder.pch_root.glob(f"*/{SHARED_BINDING}"))
+    assert len(objects) == 1 and objects[0].stat().st_size > 0
+    made = objects[0].stat().st_mtime_ns
+    # another workspace (other kernel source, other slot): a new library, the same binding object
+    changed = tuple((rel, src + "\n// another candidate\n") for rel, src in silu.kernels)
+    second = builder.build(workspace_spec(changed, "ws:b", "cpu"))
+    assert not first.cached and not second.cached and first.key != second.key
+    assert second.library.exists() and objects[0].stat().st_mtime_ns == made
+    for slot_dir in builder.build_root.iterdir():  # no workspace compiled binding.cpp itself
+        assert not list(slot_dir.rglob("binding.o")), slot_dir

@@ -239,7 +239,7 @@ class Builder:
         gch = self._pch(spec)
         self._attach_pch(bdir / "src", gch)
         shared = gch.parent / SHARED_BINDING if gch is not None else None
-        self._run(bdir, spec, shared if shared is not None and shared.exists() else None)
+        self._run(bdir, spec, shared if shared and shared.exists() else None)
         built = bdir / "out" / f"{spec.name}.so"
         if not built.exists():
             raise BuildError("the build produced no library")
@@ -325,6 +325,7 @@ class Builder:
             if binding is not None:
                 (pdir / "binding.cpp").write_text(binding)
                 job["binding"] = str(pdir / "binding.cpp")
+                job["binding_object"] = str(pdir / SHARED_BINDING)
             try:
                 self._run_job(pdir, job)
             except BuildError:  # builds still work, only slower: say nothing, try once per judge

@@ -45,23 +45,24 @@ def make_pch(ce, job: dict) -> int:
         key, sep, value = line.partition(" = ")
         if sep and key in ("cxx", "cflags", "post_cflags"):
             var[key] = value
-    tmp = out / f"{header.name}.gch.tmp"
-    cmd = (shlex.split(var.get("cxx", "c++")) + shlex.split(var.get("cflags", "")) + ["-x", "c++-header", str(header),
-           "-o", str(tmp)] + shlex.split(var.get("post_cflags", "")))
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    def compile_to(dest: Path, *args: str) -> subprocess.CompletedProcess:
+        cmd = (shlex.split(var.get("cxx", "c++")) + shlex.split(var.get("cflags", "")) + list(args)
+               + ["-o", str(dest)] + shlex.split(var.get("post_cflags", "")))
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    gch = out / f"{header.name}.gch"
+    res = compile_to(gch.with_suffix(".gch.tmp"), "-x", "c++-header", str(header))
     if res.returncode != 0:
         print(f"PCH FAILED: {res.stderr[-4000:]}", file=sys.stderr)
         return 1
-    os.rename(tmp, out / f"{header.name}.gch")
+    os.rename(gch.with_suffix(".gch.tmp"), gch)
     if job.get("binding"):
         # The fixed binding.cpp with the same compile line (and the header just precompiled):
         # one object every workspace build of these flags links. A failure here costs only speed.
-        obj = out / "binding.o.tmp"
-        cmd = (shlex.split(var.get("cxx", "c++")) + shlex.split(var.get("cflags", "")) + ["-c", job["binding"],
-               "-o", str(obj)] + shlex.split(var.get("post_cflags", "")))
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        obj = Path(job["binding_object"])
+        res = compile_to(obj.with_suffix(".tmp"), "-c", job["binding"])
         if res.returncode == 0:
-            os.rename(obj, out / "binding.o")
+            os.rename(obj.with_suffix(".tmp"), obj)
         else:
             print(f"shared binding object not made: {res.stderr[-2000:]}", file=sys.stderr)
     return 0
