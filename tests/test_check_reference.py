@@ -84,3 +84,27 @@ def test_check_tasks_runs_the_checks_in_parallel_judge_processes():
     assert got["good"].ok and got["good"].eager_ms > 0 and got["good"].failure is None
     assert not got["bad"].ok and got["bad"].failure
     assert not got["broken"].ok and "Error" in got["broken"].failure    # a task the judge cannot take, with why
+
+
+def test_a_task_that_ran_out_of_gpu_memory_is_checked_again_alone(tmp_path):
+    """Judges sharing a GPU can run out of memory together: such a failure is not the task's
+    verdict. The task (planted: its first forward ever raises torch's out-of-memory error) is
+    checked again by one judge, whose verdict alone is reported."""
+    from cuda_agent.synth.judgecheck import check_tasks
+
+    mark = tmp_path / "ran-once"
+    head = HEAD + f"import os\n\nMARK = {str(mark)!r}\n\n"
+    planted = make_task("if not os.path.exists(MARK):\n"
+                        "    try:\n        open(MARK, 'w').close()\n    except OSError:\n        pass\n"
+                        "    else:\n        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 8.00 GiB')\n"
+                        "return torch.tanh(x)", head=head).source
+    always = make_task("raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 8.00 GiB')").source
+    seen = []
+    got = check_tasks([("planted", planted), ("always", always), ("good", make_task("return torch.relu(x)").source)],
+                      "cpu", parallel=2, on_result=seen.append)
+    assert mark.exists()
+    assert got["planted"].ok and not got["planted"].out_of_memory, got["planted"]
+    assert not got["always"].ok and got["always"].out_of_memory and "out of memory" in got["always"].failure
+    assert got["good"].ok
+    # each task's verdict reported once: the first, crowded, out-of-memory verdicts are not
+    assert sorted(r.name for r in seen) == ["always", "good", "planted"]

@@ -5,6 +5,10 @@ isolated process on the judge's fresh inputs, inputs left unmodified, degenerate
 `check_tasks` runs it over (name, source) pairs in `parallel` spawned processes, each with its own
 Judge (and so its own sandbox uids), taking the visible GPUs in turn. A judge process that dies
 loses only the tasks it had not reported: they are absent from the result, never counted as passed.
+
+Judges sharing a GPU can run it out of memory together, which says nothing about the task: a task
+that ran out of GPU memory is checked again afterwards by one judge alone on the GPU, and only
+that verdict counts.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import re
 from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
@@ -26,6 +31,19 @@ class ReferenceCheck(BaseModel):
     warned: bool = False            # the judge's task warnings (degenerate outputs) were raised
     eager_ms: float | None = None   # the reference's time under the judge's call protocol
     failure: str | None = None
+    out_of_memory: bool = False     # failed for want of GPU memory (checked again alone)
+
+
+# what torch and the CUDA runtime say when an allocation or a context does not fit
+_OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation")
+
+
+def _brief(message: str, limit: int = 800) -> str:
+    """The first line (what failed) and the end (the exception that says why) of a long message."""
+    if len(message) <= limit:
+        return message
+    head = message.splitlines()[0][:200]
+    return f"{head} [...] {message[-(limit - len(head) - 7):]}"
 
 
 def _judge_process(items: list[tuple[str, str]], device: str, gpu: str | None, results) -> None:
@@ -39,17 +57,41 @@ def _judge_process(items: list[tuple[str, str]], device: str, gpu: str | None, r
         for name, source in items:
             try:
                 v = judge.check_reference(Task.from_source(source, name=name))
+                failure = v.failure.message if v.failure else None
                 rec = ReferenceCheck(name=name, ok=bool(v.correct), warned=bool(v.task_warnings),
-                                     eager_ms=v.eager.median_ms if v.eager else None,
-                                     failure=v.failure.message[:500] if v.failure else None)
+                                     eager_ms=v.eager.median_ms if v.eager else None)
             except Exception as exc:  # noqa: BLE001 - a task the judge cannot even take fails, with why
-                rec = ReferenceCheck(name=name, ok=False, failure=f"{type(exc).__name__}: {exc}"[:500])
+                failure = f"{type(exc).__name__}: {exc}"
+                rec = ReferenceCheck(name=name, ok=False)
+            if failure is not None:
+                rec = rec.model_copy(update={"failure": _brief(failure), "out_of_memory": bool(_OOM.search(failure))})
             results.put(rec.model_dump())
+            if device == "cuda":   # what this task's check cached is not held while the next one runs
+                import torch
+
+                torch.cuda.empty_cache()
 
 
 def check_tasks(items: list[tuple[str, str]], device: str, parallel: int = 4,
                 on_result: Callable[[ReferenceCheck], None] | None = None) -> dict[str, ReferenceCheck]:
-    """The judge's reference checks of every (name, source), `parallel` judges at a time."""
+    """The judge's reference checks of every (name, source), `parallel` judges at a time; the tasks
+    that ran out of GPU memory among them again with one judge (their first verdict is not
+    reported). `on_result` hears each verdict that counts as it comes."""
+    def first(rec: ReferenceCheck) -> None:
+        if on_result is not None and not (rec.out_of_memory and parallel > 1):
+            on_result(rec)
+
+    got = _run_judges(items, device, parallel, first)
+    again = [(name, source) for name, source in items if name in got and got[name].out_of_memory]
+    if again and parallel > 1:
+        for name, _ in again:
+            del got[name]
+        got.update(_run_judges(again, device, 1, on_result))
+    return got
+
+
+def _run_judges(items: list[tuple[str, str]], device: str, parallel: int,
+                on_result: Callable[[ReferenceCheck], None] | None) -> dict[str, ReferenceCheck]:
     if not items:
         return {}
     from cuda_agent.pool import visible_gpus
