@@ -143,7 +143,8 @@ case "$stage" in
     tar czf "$out/synth-sample.tgz" -C /tmp synth-h200
     cp /tmp/synth-h200/throughput.json "$out/synth_throughput.json" 2>/dev/null
     cp /tmp/synth-h200/report.json "$out/synth_report.json" 2>/dev/null
-    cp /tmp/synth-h200/judge_progress.jsonl "$out/" 2>/dev/null
+    cp /tmp/synth-h200/judge_progress.jsonl /tmp/synth-h200/phases.jsonl "$out/" 2>/dev/null
+    [ -f "$out/phases.jsonl" ] && cat "$out/phases.jsonl"
     [ -f "$out/judge_progress.jsonl" ] && echo "judged: $(wc -l < "$out/judge_progress.jsonl"), passed:" \
       "$(grep -cE '"ok": ?true' "$out/judge_progress.jsonl")"
     grep -v "━" "$out/synth.log" | cut -c1-300 | tail -80

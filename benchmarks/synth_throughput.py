@@ -93,6 +93,16 @@ def judge_sample(out: Path, k: int, device: str, parallel: int) -> dict:
             "judge_s": time.monotonic() - t0, "parallel": min(parallel, len(items))}
 
 
+def phase_rates(phases: list[dict]) -> dict:
+    """Rates of the two kinds of phase apart: tasks the filters accepted per hour of generating and
+    filtering, tasks the judge checked per hour of judging."""
+    def rate(kind: str, count: str) -> float | None:
+        wall = sum(p["wall_s"] for p in phases if p["phase"] == kind)
+        return sum(p[count] for p in phases if p["phase"] == kind) / wall * 3600 if wall > 0 else None
+
+    return {"filter_accepted_per_hour": rate("filter", "accepted"), "judge_checked_per_hour": rate("judge", "checked")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=300)
@@ -125,7 +135,8 @@ def main() -> int:
     from cuda_agent.synth.pipeline import SynthConfig, run_synth
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cores = os.cpu_count() or 2
+    # the cores this process may run on (a pinned share of a machine), not the machine's count
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
     workers = args.workers or max(1, cores // 2)
     fkw: dict = {"device": device, "timeout_s": args.timeout, "threads_per_worker": max(1, cores // workers)}
     if args.min_ms is not None:
@@ -151,6 +162,7 @@ def main() -> int:
               "tasks_per_hour": report.tasks_per_hour, "candidates_per_hour": report.candidates_per_hour,
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
+              **phase_rates(report.phases), "phases": report.phases,
               "sample": sample_stats(args.out), "rejection_examples": rejection_examples(args.out)}
     # written before the judge check as well, so a check cut short loses nothing of the run
     (args.out / "throughput.json").write_text(json.dumps(result, indent=1))

@@ -138,6 +138,14 @@ def test_judge_check_rejects_what_the_judge_fails_and_generates_replacements(tmp
     for t in exported:
         rec = records[int(t.name.split("_")[0])]
         assert rec.judge is not None and rec.judge.ok and rec.judge.eager_ms > 0
+    # the phases alternate (filter, judge, and again when a replacement was needed), each accepted
+    # task is judged once, the one failure is counted; the same rows are in phases.jsonl
+    kinds = [p["phase"] for p in report.phases]
+    assert kinds[0] == "filter" and kinds[-1] == "judge" and all(a != b for a, b in zip(kinds, kinds[1:]))
+    assert sum(p["failed"] for p in report.phases if p["phase"] == "judge") == 1
+    assert sum(p["accepted"] for p in report.phases if p["phase"] == "filter") \
+        == sum(p["checked"] for p in report.phases if p["phase"] == "judge") == report.judge_checked
+    assert [json.loads(line) for line in (tmp_path / "phases.jsonl").read_text().splitlines()] == report.phases
 
 
 def test_an_interrupted_judge_check_keeps_its_verdicts_and_resumes(tmp_path, catalog_file, monkeypatch):
@@ -163,6 +171,9 @@ def test_an_interrupted_judge_check_keeps_its_verdicts_and_resumes(tmp_path, cat
         run_synth(cfg)
     kept = [r for r in read_records(tmp_path) if r.judge is not None]
     assert [f"{r.index}_{r.name}" for r in kept] == [asked[0][0]]
+    # the run died in its judge phase: how long it generated and filtered is on disk already
+    (phase,) = [json.loads(line) for line in (tmp_path / "phases.jsonl").read_text().splitlines()]
+    assert phase["phase"] == "filter" and phase["accepted"] >= 2 and phase["wall_s"] > 0
     report = run_synth(cfg)                         # resumed: only the unjudged are asked for
     assert asked[0][0] not in asked[1] and set(asked[1]) == set(asked[0][1:])
     assert report.exported == 2

@@ -46,7 +46,9 @@ def print_report(report, console: Console) -> None:
     console.print(f"{report.tasks_per_hour:.0f} tasks/hour, {report.candidates_per_hour:.0f} candidates/hour "
                   f"this run ({report.wall_s:.1f} s); exported {report.exported} tasks")
     if report.judge_checked:
-        console.print(f"judge's reference checks: {report.judge_checked} tasks in {report.judge_s:.1f} s")
+        filter_s = sum(p["wall_s"] for p in report.phases if p["phase"] == "filter")
+        console.print(f"judge's reference checks: {report.judge_checked} tasks in {report.judge_s:.1f} s "
+                      f"(generating and filtering: {filter_s:.1f} s)")
 
 
 def synth_cmd(

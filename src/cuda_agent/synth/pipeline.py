@@ -90,10 +90,29 @@ class SynthReport(BaseModel):
     config: dict
     judge_checked: int = 0     # tasks held to the judge's reference checks in this run
     judge_s: float = 0.0
+    phases: list[dict] = []    # each generate/filter and judge phase of this run (also OUT/phases.jsonl)
 
 
 def _log_path(out: Path) -> Path:
     return out / "candidates.jsonl"
+
+
+class _Phases:
+    """What each phase of a run did and how long it took, appended to OUT/phases.jsonl as each one
+    ends: a run cut short (a time limit, a kill) still says how fast it generated and judged."""
+
+    def __init__(self, out: Path):
+        self.path = out / "phases.jsonl"
+        self.done: list[dict] = []
+        self.t = time.monotonic()
+
+    def end(self, phase: str, **counts) -> None:
+        now = time.monotonic()
+        row = {"phase": phase, "wall_s": round(now - self.t, 3), **counts}
+        self.t = now
+        self.done.append(row)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def read_records(out: Path) -> list[CandidateRecord]:
@@ -173,6 +192,8 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
         return r.accepted and (not cfg.judge_check or (r.judge is not None and r.judge.ok))
 
     pending: dict[Future, CandidateRecord] = {}
+    phases = _Phases(out)
+    phase_from = (len(records), accepted)   # records and acceptances when the current phase began
     index = 0
     judge_checked, judge_s = 0, 0.0
     try:
@@ -199,6 +220,9 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                         rec = pending.pop(fut)
                         record(_finish(rec, fut.result()))
                     continue
+                if len(records) > phase_from[0]:
+                    phases.end("filter", candidates=len(records) - phase_from[0], accepted=accepted - phase_from[1],
+                               accepted_total=accepted)
                 todo = [r for r in records.values() if r.accepted and r.judge is None] if cfg.judge_check else []
                 if not todo:
                     break
@@ -207,11 +231,13 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                 pool.close()
                 t_judge = time.monotonic()
                 by_name = {f"{r.index}_{r.name}": r for r in todo}
+                failed: list[str] = []
 
                 def judged(check: ReferenceCheck) -> None:
                     # recorded as each verdict comes: an interrupted check keeps what it finished
                     rec = by_name[check.name].model_copy(update={"judge": check})
                     if not check.ok:
+                        failed.append(check.name)
                         rec.accepted, rec.source = False, ""
                         rec.rejection = Rejection(filter="judge_reference", message=check.failure or "failed")
                     record(rec)
@@ -220,6 +246,8 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                                        cfg.judge_parallel, on_result=judged)
                 judge_s += time.monotonic() - t_judge
                 judge_checked += len(verdicts)
+                phases.end("judge", checked=len(verdicts), failed=len(failed))
+                phase_from = (len(records), accepted)
                 if not verdicts:
                     break   # the judges could not run at all: stop rather than loop
     finally:
@@ -236,7 +264,7 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
         accepted=len(chosen), candidates=len(records), rejected_by=rejection_table(ordered), wall_s=wall,
         tasks_per_hour=(accepted - accepted_before) / wall * 3600 if wall > 0 else 0.0,
         candidates_per_hour=new / wall * 3600 if wall > 0 else 0.0, exported=exported,
-        config=json.loads(cfg.model_dump_json()), judge_checked=judge_checked, judge_s=judge_s)
+        config=json.loads(cfg.model_dump_json()), judge_checked=judge_checked, judge_s=judge_s, phases=phases.done)
     (out / "report.json").write_text(report.model_dump_json(indent=1))
     return report
 
