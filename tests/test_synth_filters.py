@@ -99,11 +99,13 @@ def test_a_rescale_that_runs_out_of_memory_backs_off_toward_the_last_size_that_r
     """Rescaling estimates memory from inputs and outputs only; a size whose forward runs out of
     memory is halved back toward the last good size instead of losing the task."""
     sleepy = task("", f"if x.shape[0] > 64:\n    {OOM}\n__import__('time').sleep(x.shape[0] * 2e-5)\nreturn x * 2.0")
-    # the window's target (20 ms) asks for BATCH ~ 250, which runs out; halving reaches <= 64 (>= 1.2 ms)
+    # the window's target (20 ms) asks for BATCH ~ 250, which runs out; backing off reaches a size
+    # <= 64 that runs (where exactly depends on the timing at BATCH 1, so only the bounds are fixed)
     with WorkerPool(fast_config(min_ms=0.8, max_ms=500.0, n_timed=3), 1) as p:
         r = p.check(sleepy.replace("BATCH = 16", "BATCH = 1"))
         assert r.accepted, r.rejection
-        assert r.batches[0] == 1 and 40 <= r.batches[-1] <= 64, r.batches
+        assert r.batches[0] == 1 and 1 < r.batches[-1] <= 64 and r.eager_ms >= 0.8, (r.batches, r.eager_ms)
+        assert f"BATCH = {r.batches[-1]}\n" in r.source
 
 
 def test_checks_that_run_out_of_memory_after_the_window_retry_at_half_the_batch():
@@ -115,7 +117,7 @@ def test_checks_that_run_out_of_memory_after_the_window_retry_at_half_the_batch(
     with WorkerPool(fast_config(min_ms=0.8, max_ms=500.0, n_timed=3), 1) as p:
         r = p.check(sleepy)     # the window asks for BATCH ~ 250, whose eval-mode run runs out
         assert r.accepted, r.rejection
-        assert r.batches[0] == 1 and r.batches[-2] > 100 and 40 <= r.batches[-1] <= 100, r.batches
+        assert r.batches[0] == 1 and r.batches[-2] > 100 and 1 < r.batches[-1] <= 100, r.batches
         assert f"BATCH = {r.batches[-1]}\n" in r.source and r.eager_ms >= 0.8
         r = p.check(sleepy.replace("> 100", "> 20"))     # half of it would leave the window
         assert r.rejection is not None and r.rejection.filter == "out_of_memory", r.rejection
