@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -131,14 +130,12 @@ def main() -> int:
     from rich.console import Console
 
     from cuda_agent.synth.cli import _RichProgress, print_report
-    from cuda_agent.synth.filters import FilterConfig
+    from cuda_agent.synth.filters import FilterConfig, usable_cores, worker_layout
     from cuda_agent.synth.pipeline import SynthConfig, run_synth
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    # the cores this process may run on (a pinned share of a machine), not the machine's count
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-    workers = args.workers or max(1, cores // 2)
-    fkw: dict = {"device": device, "timeout_s": args.timeout, "threads_per_worker": max(1, cores // workers)}
+    workers, threads = worker_layout(args.workers)
+    fkw: dict = {"device": device, "timeout_s": args.timeout, "threads_per_worker": threads}
     if args.min_ms is not None:
         fkw["min_ms"] = args.min_ms
     if args.max_ms is not None:
@@ -158,7 +155,7 @@ def main() -> int:
     n_gpus = len(visible_gpus()) if device == "cuda" else 0
     result = {"device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
               "gpus": n_gpus, "tasks_per_gpu_hour": report.tasks_per_hour / n_gpus if n_gpus else None,
-              "cores": cores, "workers": workers, "torch": torch.__version__, "wall_s": time.monotonic() - t0,
+              "cores": usable_cores(), "workers": workers, "torch": torch.__version__, "wall_s": time.monotonic() - t0,
               "tasks_per_hour": report.tasks_per_hour, "candidates_per_hour": report.candidates_per_hour,
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,

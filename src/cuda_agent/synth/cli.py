@@ -83,12 +83,11 @@ def synth_cmd(
 
     Resumable: rerun the same command to continue. Prints how many candidates each filter removed.
     """
-    import os
-
     from pydantic import ValidationError
 
     from cuda_agent.judge.config import default_device
 
+    from .filters import worker_layout
     from .pipeline import SynthConfig, run_synth
 
     from cuda_agent.cli import read_settings
@@ -100,9 +99,8 @@ def synth_cmd(
     for key, val in (("min_ms", min_ms), ("max_ms", max_ms), ("compile", compile_check), ("timeout_s", timeout)):
         if val is not None:
             filters[key] = val
-    cores = os.cpu_count() or 2
-    n_workers = workers or values.get("workers") or max(1, cores // 2)
-    filters.setdefault("threads_per_worker", max(1, cores // n_workers))
+    n_workers, threads = worker_layout(workers or values.get("workers"))
+    filters.setdefault("threads_per_worker", threads)
     compose = dict(values.get("compose", {}))
     compose.setdefault("profile", dev)
     llm = dict(values.get("llm") or {})

@@ -68,6 +68,18 @@ class Rejection(BaseModel):
     message: str
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (a pinned share of a machine), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+
+
+def worker_layout(workers: int | None = None) -> tuple[int, int]:
+    """(workers, torch threads per worker) on the usable cores: by default half as many workers as cores."""
+    cores = usable_cores()
+    n = workers or max(1, cores // 2)
+    return n, max(1, cores // n)
+
+
 class FilterConfig(BaseModel):
     """Execution-filter settings. Defaults follow the issue (1-100 ms eager window, compile on GPU)."""
 

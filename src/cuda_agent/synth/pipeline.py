@@ -195,7 +195,6 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     phases = _Phases(out)
     phase_from = (len(records), accepted)   # records and acceptances when the current phase began
     index = 0
-    judge_checked, judge_s = 0, 0.0
     try:
         # the pool closes first on the way out: an interrupt kills the workers instead of waiting
         # for their tasks (those candidates are not recorded and are redone on resume)
@@ -220,16 +219,16 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                         rec = pending.pop(fut)
                         record(_finish(rec, fut.result()))
                     continue
+                todo = [r for r in records.values() if r.accepted and r.judge is None] if cfg.judge_check else []
+                if todo:
+                    # The judge's reference checks of what the filters accepted. The filter workers
+                    # stop first (they hold GPU memory); the next candidate starts them again.
+                    pool.close()
                 if len(records) > phase_from[0]:
                     phases.end("filter", candidates=len(records) - phase_from[0], accepted=accepted - phase_from[1],
                                accepted_total=accepted)
-                todo = [r for r in records.values() if r.accepted and r.judge is None] if cfg.judge_check else []
                 if not todo:
                     break
-                # The judge's reference checks of what the filters accepted. The filter workers
-                # stop first (they hold GPU memory); the next candidate starts them again.
-                pool.close()
-                t_judge = time.monotonic()
                 by_name = {f"{r.index}_{r.name}": r for r in todo}
                 failed: list[str] = []
 
@@ -244,8 +243,6 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
 
                 verdicts = check_tasks([(name, r.source) for name, r in by_name.items()], cfg.filters.device,
                                        cfg.judge_parallel, on_result=judged)
-                judge_s += time.monotonic() - t_judge
-                judge_checked += len(verdicts)
                 phases.end("judge", checked=len(verdicts), failed=len(failed))
                 phase_from = (len(records), accepted)
                 if not verdicts:
@@ -264,7 +261,9 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
         accepted=len(chosen), candidates=len(records), rejected_by=rejection_table(ordered), wall_s=wall,
         tasks_per_hour=(accepted - accepted_before) / wall * 3600 if wall > 0 else 0.0,
         candidates_per_hour=new / wall * 3600 if wall > 0 else 0.0, exported=exported,
-        config=json.loads(cfg.model_dump_json()), judge_checked=judge_checked, judge_s=judge_s, phases=phases.done)
+        config=json.loads(cfg.model_dump_json()), phases=phases.done,
+        judge_checked=sum(p["checked"] for p in phases.done if p["phase"] == "judge"),
+        judge_s=sum(p["wall_s"] for p in phases.done if p["phase"] == "judge"))
     (out / "report.json").write_text(report.model_dump_json(indent=1))
     return report
 
