@@ -47,6 +47,7 @@ class Baseline(BaseModel):
 
     timing: Timing
     overhead_ms: float   # median outside-clock cost of a call beyond the work (null) or its claim
+    protocol_ms: float | None = None  # median round trip of the untimed request before each call
 
 
 @runtime_checkable

@@ -39,7 +39,8 @@ from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
-from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv, work_root_dir
+from .sandbox import (SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, pin_threads, python_argv,
+                      work_root_dir)
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
@@ -80,7 +81,7 @@ class _Reference:
         self.get_init_inputs = module.get_init_inputs
 
 
-_HARNESS_VERSION = 5  # bump when the call protocol changes: cached baselines depend on it
+_HARNESS_VERSION = 6  # bump when the call protocol changes: cached baselines depend on it
 
 
 @dataclass
@@ -101,6 +102,11 @@ class _Session:
     def __init__(self, proc: Sandboxed, chan: Channel, plane: DataPlane, shared: SharedGpuBuffer | None = None):
         self.proc, self.chan, self.plane, self.shared = proc, chan, plane, shared
         self.ready: dict = {}
+        # per timed call, aligned with the times `_drive` returns: the round trip of the untimed
+        # request just before it (the protocol's cost under the load of that moment) and how the
+        # candidate process says it timed the call
+        self.protocol_ms: list[float] = []
+        self.methods: list[str] = []
 
     @property
     def calls(self):
@@ -182,6 +188,9 @@ class Judge:
             raise JudgeError("device 'cuda' requested but CUDA is not available (use --device cpu)")
         self.device_name = (torch.cuda.get_device_name(0) if self.device == "cuda"
                             else f"cpu x{os.cpu_count()}")
+        if config.timing_cpus:
+            # The judge and the candidate it times keep cores of their own (their processes inherit it).
+            os.sched_setaffinity(0, config.timing_cpus)
         self._cores = len(os.sched_getaffinity(0)) or 1
         # References in true fp32: TF32 matmul/convolution would make the reference itself the
         # less precise side (the fp32 tolerance is 1e-4 relative L2). Process-wide by necessity.
@@ -199,7 +208,8 @@ class Judge:
         # Builds run under their own uid: cleaning up after a build kills every process of its uid,
         # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
-                               uid=None if self.uid is None else self.uid + 5000, zygote=self._get_zygote)
+                               uid=None if self.uid is None else self.uid + 5000, zygote=self._get_zygote,
+                               cpus=config.spare_cpus)
         self.baseline_store = baseline_store or FileBaselineStore(config.cache_dir / "baselines")
         self._integrity = _package_files()
         self._references: dict[str, _Reference] = {}
@@ -345,6 +355,9 @@ class Judge:
         # load_inline builds happen while the candidate starts; they count as build, not start
         v.phase_s["start"] = time.monotonic() - t_phase - ((v.phase_s.get("build") or 0.0) - built_before)
         try:
+            if session.ready.get("timing_gate") and self.device == "cuda":
+                v.notes.append(f"calls timed without the timing gate (launch gaps included): "
+                               f"{str(session.ready['timing_gate'])[:200]}")
             if session.ready.get("unmatched"):
                 v.notes.append(f"parameters not copied from Model (different name or shape): "
                                f"{', '.join(session.ready['unmatched'][:8])}")
@@ -352,18 +365,15 @@ class Judge:
             roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
             recorded = _recorded_calls(roles, random.Random(secrets.randbits(64)))
             inside, outside = self._drive(session, ref, setup, roles, v, recorded, deadline)
-            rel_slack, abs_slack = cfg.slack()
-            cores = self._cores if self.device == "cpu" else 1
-            rec = reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
-                            cores=cores)
+            rec = self._reconcile(session, inside, outside, null)
             if rec.gross_lie:
                 # A loaded machine can stretch the judge's clock for a while; a candidate that lies
                 # about its time lies again. One more round of timed calls (fresh inputs, each
                 # output checked) decides, so a burst of load does not fail an honest candidate.
+                session.protocol_ms, session.methods = [], []
                 inside, outside = self._drive(session, ref, setup, ["timed"] * cfg.n_timed, v, set(), deadline,
                                               first_index=len(roles))
-                rec = reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
-                                cores=cores)
+                rec = self._reconcile(session, inside, outside, null)
             v.phase_s["calls"] = time.monotonic() - t_phase
         finally:
             session.close()
@@ -374,6 +384,14 @@ class Judge:
         if rec.gross_lie:
             v.correct = False
             raise _Stop(FC.TIMING, rec.note)
+
+    def _reconcile(self, session: "_Session", inside: list[float], outside: list[float], null: "_Baseline"):
+        rel_slack, abs_slack = self.config.slack()
+        methods = session.methods
+        source = max(set(methods), key=methods.count) if methods else "events"
+        return reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
+                         cores=self._cores if self.device == "cpu" else 1, source=source,
+                         protocol_ms=session.protocol_ms, baseline_protocol_ms=null.protocol_ms)
 
     def _setup(self, task: Task, ref: _Reference, init_seed: int) -> "_Setup":
         """The reference model under `init_seed`, its weights and the transport sizes."""
@@ -481,8 +499,10 @@ class Judge:
                 # of the timed window (watcher threads, precomputation, starving the judge).
                 idle_wall += time.perf_counter() - idle_mark[0]
                 idle_cpu += (_cpu_ns(proc.pid) - idle_mark[1]) / 1e9
+            t_ask = time.perf_counter()
             chan.send({"op": "prepare"})
             ready = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+            protocol_ms = (time.perf_counter() - t_ask) * 1e3
             if not ready.get("ok"):
                 self._raise_reported(ready, v)
             # The clock starts before the inputs exist anywhere the candidate can read them.
@@ -510,6 +530,8 @@ class Judge:
             if role == "timed" and not (judged and i in recorded) and claimed is not None:
                 inside.append(claimed)
                 outside.append(measured)
+                session.protocol_ms.append(protocol_ms)
+                session.methods.append(str(reply.get("timing") or "events")[:16])
             idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
         if judged:
             for k, x in split.items():
@@ -614,7 +636,10 @@ class Judge:
         finally:
             session.close()
         overhead = statistics.median(outside if mode == "null" else [max(o - i, 0.0) for i, o in zip(inside, outside)])
-        base = _Baseline(timing=summarize(inside), overhead_ms=overhead)
+        methods = session.methods
+        base = _Baseline(timing=summarize(inside, max(set(methods), key=methods.count) if methods else "events"),
+                         overhead_ms=overhead,
+                         protocol_ms=statistics.median(session.protocol_ms) if session.protocol_ms else None)
         self._baselines[key] = base
         if cfg.cache_baselines:
             self.baseline_store.put(bkey, base)
@@ -689,8 +714,11 @@ class Judge:
                 proc, sock = self._launch()
                 send_plane(sock, plane.fd, plane.size, plane.in_size)
             self._live.append(proc)
+            pin_threads(proc.pid, self.config.timing_cpus)
             while len(self._spares) < self.config.spares:
-                self._spares.append(self._launch())
+                spare = self._launch()
+                pin_threads(spare[0].pid, self.config.spare_cpus)  # its start-up stays off the timed cores
+                self._spares.append(spare)
         else:
             proc, sock = self._launch(zygote, plane)
             self._live.append(proc)

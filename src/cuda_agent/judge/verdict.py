@@ -44,7 +44,10 @@ class Timing(BaseModel):
     p90_ms: float
     std_ms: float
     n: int
-    source: str = "events"  # "events" (device events / in-process clock) or "wall" (outside clock)
+    # how the times were taken: "gated" (CUDA events behind the timing gate: GPU work only, launch
+    # gaps excluded), "events" (CUDA events around the call), "cpu" (the process's perf_counter) or
+    # "outside" (the judge's own clock, when the claims were not believed)
+    source: str = "events"
 
 
 class CallRecord(BaseModel):
