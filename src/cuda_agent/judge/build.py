@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from .sandbox import SandboxSpec, Sandboxed, python_argv
+from .sandbox import SandboxSpec, Sandboxed, pin_threads, python_argv
 
 INFRA = files("cuda_agent") / "infra"
 
@@ -195,7 +195,7 @@ class Builder:
     """Builds specs into the shared library cache. Thread-safe across processes via file locks."""
 
     def __init__(self, cache_dir: Path, work_root: Path, *, arch: str | None, timeout_s: float,
-                 uid: int | None, jobs: int | None = None, zygote=None):
+                 uid: int | None, jobs: int | None = None, zygote=None, cpus: list[int] | None = None):
         self.lib_dir = cache_dir / "ext"
         self.build_root = work_root / "build"
         self.lib_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +204,8 @@ class Builder:
         self.arch = arch
         self.timeout_s = timeout_s
         self.uid = uid
-        self.jobs = jobs or os.cpu_count() or 2
+        self.cpus = cpus  # where builds run (a judge keeps its own cores for the calls it times)
+        self.jobs = jobs or (len(cpus) if cpus else os.cpu_count()) or 2
         self.fingerprint = toolchain_fingerprint(arch)
         self.zygote = zygote  # callable returning a Zygote (or None): saves the interpreter start
         self.pch_root = work_root / "pch"
@@ -380,6 +381,7 @@ class Builder:
             workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096,
             target="buildjob", target_args=[str(bdir / "job.json")]),
             self.zygote() if self.zygote else None)
+        pin_threads(proc.pid, self.cpus)
         try:
             try:
                 proc.proc.wait(timeout=self.timeout_s)

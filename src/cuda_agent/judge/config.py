@@ -78,4 +78,11 @@ class JudgeConfig(BaseModel):
                                                       "one of 61000-64999 per judge; spare workers add 10000 * k, "
                                                       "the judge's builds 5000)")
     arch: str | None = Field(None, description="CUDA arch list for builds, e.g. '9.0' (default: the device's)")
+    timing_cpus: list[int] | None = Field(
+        None, description="cores the judge and the candidate process it is timing run on, kept free of other "
+                          "work (the pool reserves two per GPU when the machine has cores to spare); None: "
+                          "wherever the scheduler puts them")
+    spare_cpus: list[int] | None = Field(
+        None, description="cores spare workers start on while they wait for a task (with timing_cpus: so their "
+                          "start-up does not load the cores of the call being timed)")
     reward: RewardConfig = Field(default_factory=RewardConfig)

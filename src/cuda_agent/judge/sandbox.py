@@ -585,3 +585,18 @@ def install_seccomp() -> bool:
 def seccomp_mode(pid: int) -> int:
     """The kernel's word on a process's seccomp mode (2 = filter)."""
     return int(_proc_status(str(pid)).get("Seccomp", "0") or 0)
+
+
+def pin_threads(pid: int, cpus: list[int] | None) -> None:
+    """Move every thread of a process onto `cpus` (affinity is per thread; new threads inherit it)."""
+    if not cpus:
+        return
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # the thread ended, or the process is gone: nothing to move
+            pass

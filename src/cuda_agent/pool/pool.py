@@ -173,6 +173,16 @@ class Pool:
             envs = [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(n_judges)]
             default_compile = max(0, cores - n_judges - 1) if cores >= 4 else 0
         n_compile = pc.compile_workers if pc.compile_workers is not None else default_compile
+        # On CUDA, two cores per GPU for the judge and the candidate it is timing, where at least as
+        # many are left for compiling: a loaded core delays the judge's clock and the candidate's launches.
+        allowed = sorted(os.sched_getaffinity(0))
+        timing: list[list[int] | None] = [None] * n_judges
+        rest: list[int] | None = None
+        if config.device == "cuda" and len(allowed) >= 4 * n_judges:
+            timing = [allowed[2 * i:2 * i + 2] for i in range(n_judges)]
+            rest = allowed[2 * n_judges:]
+            if pc.compile_workers is None:
+                n_compile = max(1, len(rest) - 1)
         if n_judges > MAX_SLOTS or n_compile > MAX_SLOTS:
             raise PoolError(f"at most {MAX_SLOTS} judge and {MAX_SLOTS} compile workers")
         self.n_judges, self.n_compile = n_judges, n_compile
@@ -189,12 +199,14 @@ class Pool:
         self._slots: list[_Slot] = []
         for i in range(n_judges):
             uid = (config.sandbox_uid + i) if config.sandbox_uid is not None else base + i
-            spec = WorkerSpec(role="judge", slot=i, config=config.model_copy(update={"sandbox_uid": uid}),
+            spec = WorkerSpec(role="judge", slot=i, config=config.model_copy(update={
+                                  "sandbox_uid": uid, "timing_cpus": timing[i], "spare_cpus": rest}),
                               env=envs[i], baseline_db=pc.baseline_db, judge_factory=pc.judge_factory)
             self._slots.append(_Slot("judge", i, spec))
         for j in range(n_compile):
             spec = WorkerSpec(role="compile", slot=j, config=config, build_uid=base + MAX_SLOTS + j + 5000,
-                              build_jobs=max(1, cores // max(1, n_compile)))
+                              build_jobs=max(1, len(rest or range(cores)) // max(1, n_compile)),
+                              cpus=rest, nice=10)
             self._slots.append(_Slot("compile", j, spec))
 
         self._cond = threading.Condition()

@@ -37,6 +37,8 @@ class WorkerSpec(BaseModel):
     baseline_db: Path | None = None                     # results database holding baselines (None: files)
     build_uid: int | None = None                        # compile workers: uid of their sandboxed builds
     build_jobs: int | None = None                       # compile workers: parallel compiler jobs per build
+    cpus: list[int] | None = None                       # compile workers: the cores they (and their builds) use
+    nice: int = 0                                       # compile workers: lower priority than the timed calls
     judge_factory: str = "cuda_agent.judge:Judge"      # module:callable(config, baseline_store) -> Judge
     parent_pid: int = 0
 

@@ -33,6 +33,12 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     # Before anything imports torch's CUDA state: which GPU this worker owns.
     os.environ.update(spec.env)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    # Builds inherit both: compile workers keep off the cores of the calls being timed and give way
+    # to them where they share one.
+    if spec.cpus:
+        os.sched_setaffinity(0, spec.cpus)
+    if spec.nice:
+        os.nice(spec.nice)
     try:
         server = _JudgeServer(spec) if spec.role == "judge" else _CompileServer(spec)
     except Exception as exc:  # e.g. no CUDA device: the pool cannot use this worker at all
