@@ -260,10 +260,14 @@ def check_run_settings(out: Path, settings: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # Judging
 
-def judge_records(records: list[Record], out: Path, config, pool_config, done: dict[str, dict]) -> int:
+def judge_records(records: list[Record], out: Path, config, pool_config, done: dict[str, dict],
+                  time_budget_s: float | None = None) -> tuple[int, int]:
     """Judge the records not in `done` through the pool, appending each result as it arrives.
-    Returns how many were judged now."""
+    With a time budget, nothing new is submitted once it is spent and records still waiting for a
+    judge worker are withdrawn (the ones being judged finish): a later run takes them up.
+    Returns (judged now, left for a later run)."""
     import queue
+    from concurrent.futures import CancelledError
 
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -271,15 +275,18 @@ def judge_records(records: list[Record], out: Path, config, pool_config, done: d
 
     from cuda_agent.candidate import Candidate
     from cuda_agent.judge import JudgeError
-    from cuda_agent.pool import Pool, PoolError
+    from cuda_agent.pool import Pool, PoolError, PoolFull
     from cuda_agent.tasks import Task, TaskError
 
     console = Console(stderr=True)
-    todo = [r for r in records if r.key not in done]
+    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
+    # A pool error says nothing about the record (no worker could start, the pool was shut down):
+    # such records are judged again.
+    todo = [r for r in records if r.key not in done or (done[r.key].get("error") or {}).get("kind") == "pool_error"]
     console.print(f"{len(records)} records, {len(records) - len(todo)} already judged in {out / VERDICTS_FILE}; "
                   f"judging {len(todo)} on {config.device} ({config.policy} policy)")
     if not todo:
-        return 0
+        return 0, 0
     base = {"settings": settings_of(config)["digest"]}
     pending = []
     for r in todo:
@@ -294,33 +301,59 @@ def judge_records(records: list[Record], out: Path, config, pool_config, done: d
         pending.append((r, task, Candidate.from_source(r.code, origin=f"{r.key}.py")))
 
     finished: queue.Queue = queue.Queue()
+    futures = []
     feeder_error: list[BaseException] = []
+    judged = 0
     with Pool(config, pool_config) as pool:
         def feed() -> None:
-            for r, task, cand in pending:
-                try:
-                    future = pool.submit(task, cand)
-                except PoolError as exc:
-                    feeder_error.append(exc)
-                    finished.put(None)
-                    return
-                future.add_done_callback(lambda f, r=r, task=task, cand=cand: finished.put((r, task, cand, f)))
+            submitted = 0
+            try:
+                for r, task, cand in pending:
+                    wait = None if deadline is None else deadline - time.monotonic()
+                    if wait is not None and wait <= 0:
+                        break
+                    try:
+                        future = pool.submit(task, cand, timeout=wait)
+                    except PoolFull:  # the budget ran out while the queue was full
+                        break
+                    futures.append(future)
+                    submitted += 1
+                    future.add_done_callback(lambda f, r=r, task=task, cand=cand: finished.put((r, task, cand, f)))
+            except PoolError as exc:
+                feeder_error.append(exc)
+            finally:
+                finished.put(("fed", submitted))
 
         feeder = threading.Thread(target=feed, name="fidelity-feeder", daemon=True)
         feeder.start()
-        correct = failed = 0
+        correct = failed = received = 0
+        expected: int | None = None
+        withdrawn = False
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
                       console=console, transient=True) as progress:
             bar = progress.add_task("judging", total=len(pending), status="")
-            for _ in range(len(pending)):
-                got = finished.get()
-                if got is None:
-                    raise feeder_error[0]
+            while expected is None or received < expected:
+                if deadline is not None and not withdrawn and time.monotonic() >= deadline:
+                    withdrawn = True
+                    for f in list(futures):
+                        f.cancel()  # only those still waiting for a judge worker; running ones finish
+                try:
+                    got = finished.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if got[0] == "fed":
+                    expected = got[1]
+                    if feeder_error and not futures:
+                        raise feeder_error[0]
+                    continue
+                received += 1
                 r, task, cand, future = got
                 ids = {"task_id": task.id, "candidate_hash": cand.hash}
                 try:
                     verdict = future.result()
+                except CancelledError:
+                    continue
                 except JudgeError as exc:  # the judge could not use the task (baseline failed, reference broken)
                     entry = _entry(r, base | ids, error={"kind": "judge_error", "message": str(exc)})
                 except PoolError as exc:
@@ -332,13 +365,19 @@ def judge_records(records: list[Record], out: Path, config, pool_config, done: d
                     entry = _entry(r, base | ids, verdict=verdict.model_dump(mode="json"))
                 append_result(out, entry)
                 done[r.key] = entry
+                judged += 1
                 ok = bool(entry.get("verdict") and entry["verdict"].get("correct"))
                 correct += ok
                 failed += not ok
                 progress.update(bar, advance=1, description=f"judged {r.key}",
                                 status=f"[green]{correct} correct[/green] [red]{failed} not[/red]")
         feeder.join()
-    return len(pending)
+    if feeder_error:
+        console.print(f"[red]the pool stopped taking records: {feeder_error[0]}[/red]")
+    left = len(pending) - judged
+    if left:
+        console.print(f"{left} records left for a later run (rerun with the same --out to judge them)")
+    return judged, left
 
 
 def _entry(r: Record, base: dict, verdict: dict | None = None, error: dict | None = None) -> dict:
@@ -411,7 +450,7 @@ RULES: tuple[Rule, ...] = (
     Rule("pool-time-limit", "judge_problem", ("timeout",), "the pool's time limit on a judge worker, not a call",
          pattern=r"pool's time limit"),
     Rule("load-time-limit", "judge_problem", ("timeout",),
-         "loading (which includes the extension's build) outran the judge's limit",
+         "loading the module and constructing ModelNew outran the judge's limit (builds have their own)",
          pattern=r"loading the candidate did not finish"),
     Rule("call-timeout", "solution_error", ("timeout",), "a call of the solution outran the per-call limit"),
     Rule("build-time-limit", "judge_problem", ("compile_timeout",), "the build outran the judge's build limit"),
@@ -476,17 +515,26 @@ def load_explain(path: Path | None) -> dict[str, dict]:
     for key, value in data.items():
         if isinstance(value, str):
             value = {"class": value}
-        if not isinstance(value, dict) or value.get("class") not in CLASSES + ("correct",):
-            raise UsageError(f"--explain {path}: {key}: class must be one of {', '.join(CLASSES)} (or correct)")
+        if not isinstance(value, dict) or value.get("class") not in CLASSES:
+            raise UsageError(f"--explain {path}: {key}: class must be one of {', '.join(CLASSES)} "
+                             "(a refusal the judge should not have made is a judge_problem)")
         out[key] = {"class": value["class"], "reason": str(value.get("reason", "reviewed"))}
     return out
 
 
-def first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:240]
-    return ""
+def first_line(text: str, kind: str = "") -> str:
+    """The line of a failure message that says what happened: the first one, except the first
+    compiler error of a build log and the last line (the exception) of a traceback."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if kind in ("compile", "compile_timeout"):
+        line = next((x for x in lines if re.search(r"\berror\b", x, re.I)), lines[0])
+    elif lines[0].startswith("Traceback (most recent call last)"):
+        line = lines[-1]
+    else:
+        line = lines[0]
+    return line[:240]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,11 +649,11 @@ def ncu_runner(argv: list[str]) -> int:
             if flush is not None:
                 flush.zero_()
                 torch.cuda.synchronize(device)
-                torch.cuda.cudart().cudaProfilerStart()
+                torch.cuda.profiler.start()
             out = model(*inputs)
             if flush is not None:
                 torch.cuda.synchronize(device)
-                torch.cuda.cudart().cudaProfilerStop()
+                torch.cuda.profiler.stop()
             outs = out if isinstance(out, (tuple, list)) else [out]
             shapes = [list(o.shape) for o in outs if isinstance(o, torch.Tensor)]
     print(json.dumps({"forwards": args.forwards, "output_shapes": shapes}), file=sys.stderr)
@@ -673,7 +721,7 @@ def build_report(corpus: Corpus, records: list[Record], results: dict[str, dict]
         rows.append({
             "key": r.key, "level": r.level, "problem": r.number, "task": r.task_name, "model": r.model,
             "correct": correct, "class": cls, "rule_class": rule_cls, "rule": rule, "reason": reason,
-            "reviewed": reviewed, "category": kind, "message": first_line(message),
+            "reviewed": reviewed, "category": kind, "message": first_line(message, kind),
             "runtime_ms": runtime, "eager_ms": eager, "compile_ms": compiled,
             "judge_speedup": eager / runtime if correct and runtime and eager else None,
             "judge_compile_speedup": compiled / runtime if correct and runtime and compiled else None,
@@ -836,6 +884,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--explain", type=Path, help="JSON: record key -> {class, reason} for reviewed records")
     p.add_argument("--near-factor", type=float, default=NEAR_FACTOR,
                    help=f"a mismatch within this factor of the bound is a tolerance question (default {NEAR_FACTOR:g})")
+    p.add_argument("--time-budget", type=float,
+                   help="minutes: submit nothing new after this, withdraw what waits; a rerun goes on from there")
     p.add_argument("--report-only", action="store_true", help="judge nothing: report what OUT holds")
     p.add_argument("--ncu-sample", type=int, default=0, help="profile K correct solutions under ncu (cuda)")
     p.add_argument("--ncu-forwards", type=int, default=3, help="profiled forwards per solution (default 3)")
@@ -847,6 +897,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.compile_workers is not None and args.compile_workers < 0:
         p.error("--compile-workers must be 0 or more")
+    if args.time_budget is not None and args.time_budget <= 0:
+        p.error("--time-budget must be positive (minutes)")
     if args.ncu_sample < 0 or args.near_factor < 1:
         p.error("--ncu-sample must be 0 or more and --near-factor at least 1")
     return args
@@ -907,6 +959,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_only:
             if not (args.out / VERDICTS_FILE).is_file():
                 raise UsageError(f"{args.out / VERDICTS_FILE}: nothing judged yet")
+            try:  # the report names the settings the verdicts were judged with, not this command's
+                settings = json.loads((args.out / RUN_FILE).read_text())
+            except (OSError, ValueError):
+                pass
         else:
             check_run_settings(args.out, settings)
         unknown = sorted(set(explain) - {r.key for r in corpus.records})
@@ -923,7 +979,8 @@ def main(argv: list[str] | None = None) -> int:
         from cuda_agent.pool import PoolError
 
         try:
-            judge_records(records, args.out, config, pool_config(args), results)
+            budget = None if args.time_budget is None else 60.0 * args.time_budget
+            judge_records(records, args.out, config, pool_config(args), results, budget)
         except UsageError as exc:
             print(f"fidelity.py: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
