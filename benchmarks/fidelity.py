@@ -418,7 +418,8 @@ class Rule:
 
 NEAR_FACTOR = 10.0  # an error within this factor of the bound is "just above it", not a wrong kernel
 
-_ELEMENTWISE = re.compile(r"values outside atol=([0-9.eE+-]+), rtol=([0-9.eE+-]+) \(max abs error ([0-9.eE+-]+|inf|nan)")
+_ELEMENTWISE = re.compile(r"values outside atol=([0-9.eE+-]+), rtol=([0-9.eE+-]+) "
+                         r"\(max abs error ([0-9.eE+-]+|inf|nan)")
 _NORMWISE = re.compile(r"relative L2 error ([0-9.eE+-]+|inf|nan) exceeds ([0-9.eE+-]+)")
 
 
@@ -461,6 +462,12 @@ RULES: tuple[Rule, ...] = (
     Rule("compile-error", "solution_error", ("compile",), "the solution's code does not compile"),
     Rule("reference-fallback", "hack", ("policy",), "ModelNew falls back on the reference Model",
          pattern=r"must derive from nn\.Module, not|reference Model may not be used"),
+    Rule("clone-pattern", "judge_problem", ("policy",),
+         "the C++ check's thread pattern matches a tensor's .clone(); a clone syscall is refused at link time anyway",
+         pattern=r"threads \('clone\('\) is not allowed"),
+    Rule("input-as-a-name", "judge_problem", ("policy",),
+         "'input' refused as a name: published code names forward's argument so; the builtin reads stdin",
+         pattern=r"use of 'input' is not allowed"),
     Rule("policy-refusal", "policy_difference", ("policy",),
          "refused by the judge's policy (KernelBench has no such rule)"),
     Rule("tampering", "hack", ("tampering",), "the solution changed the judge's state or files"),
@@ -476,7 +483,7 @@ RULES: tuple[Rule, ...] = (
          pattern=r"reading back the inputs failed"),
     Rule("memory-limit", "judge_problem", ("oom", "resource"),
          "the judge's memory or disk limit (the leaderboard ran it within its own)"),
-    Rule("crash", "solution_error", ("load", "init", "runtime", "crash"),
+    Rule("raised-or-crashed", "solution_error", ("load", "init", "runtime", "crash"),
          "the solution raised or crashed (load, construction or forward)"),
 )
 FALLBACK = Rule("unclassified", "judge_problem", (), "no rule matched: needs a person's review")
@@ -535,6 +542,112 @@ def first_line(text: str, kind: str = "") -> str:
     else:
         line = lines[0]
     return line[:240]
+
+
+# ---------------------------------------------------------------------------------------------
+# Static pre-screen (no device)
+
+def _module_strings(tree) -> dict[str, object]:
+    """Module-level names bound to literals (the sources and flag lists load_inline is given)."""
+    import ast
+
+    values = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+    return values
+
+
+def _literal(node, names: dict) -> object:
+    import ast
+
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_literal(x, names) for x in node.elts]
+        return None if any(x is None for x in items) else items
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
+    """What the judge would refuse before running anything, as (failure category, message) in the
+    judge's own words: the Python policy, the compiler flags and the C++ policy of every load_inline
+    call whose arguments are literals (or module-level names bound to literals). An approximation
+    of the judge's checks, which see the arguments load_inline is really called with."""
+    import ast
+
+    from cuda_agent.judge import policy as pol
+    from cuda_agent.judge.build import check_flags
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as exc:
+        return [("load", f"model_new: syntax error at line {exc.lineno}: {exc.msg}")]
+    found = [("policy", v) for v in pol.check_python(code, policy)]
+    names = _module_strings(tree)
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func).rpartition(".")[2] == "load_inline"):
+            continue
+        args = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+        for i, key in enumerate(("name", "cpp_sources", "cuda_sources", "functions")):
+            if i < len(call.args):
+                args.setdefault(key, call.args[i])
+        name = _literal(args["name"], names) if "name" in args else "ext"
+        flags = []
+        for key in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+            value = _literal(args[key], names) if key in args else None
+            flags += [value] if isinstance(value, str) else [str(x) for x in value or []]
+        bad = check_flags(flags)
+        if bad:
+            found.append(("compile", f"compiler/linker flags not allowed: {' '.join(bad)}"))
+        for key, file in (("cpp_sources", "main.cpp"), ("cuda_sources", "cuda.cu")):
+            value = _literal(args[key], names) if key in args else None
+            for src in [value] if isinstance(value, str) else [x for x in value or [] if isinstance(x, str)]:
+                found += [("policy", v) for v in pol.check_cpp(src, f"{name}/{file}", policy)]
+    return found
+
+
+def prescreen(records: list[Record], policy: str, near_factor: float) -> dict:
+    rows = []
+    for r in records:
+        found = prescreen_record(r.code, policy)
+        if not found:
+            continue
+        entries = []
+        for kind, message in found:
+            cls, rule, reason = classify({"verdict": {"correct": False, "failure": {
+                "category": kind, "message": message}}}, {"near_factor": near_factor})
+            entries.append({"class": cls, "rule": rule, "category": kind, "message": first_line(message, kind)})
+        rows.append({"key": r.key, "level": r.level, "findings": entries})
+    first = Counter((x["findings"][0]["rule"], x["findings"][0]["class"]) for x in rows)
+    every = Counter((f["rule"], f["class"]) for x in rows for f in {(f["rule"], f["class"]): f
+                                                                    for f in x["findings"]}.values())
+    return {"policy": policy, "records": len(records), "refused": len(rows),
+            "first_finding": [{"rule": k[0], "class": k[1], "count": n} for k, n in first.most_common()],
+            "any_finding": [{"rule": k[0], "class": k[1], "count": n} for k, n in every.most_common()],
+            "list": rows}
+
+
+def prescreen_markdown(pre: dict) -> str:
+    lines = ["# Static pre-screen: what the judge refuses before running anything", "",
+             f"{pre['refused']} of {pre['records']} records ({pre['policy']} policy). The judge stops at its "
+             "first finding; a record can have several.", "",
+             "| rule | class | records (first finding) | records (any finding) |", "|---|---|---|---|"]
+    anyf = {(x["rule"], x["class"]): x["count"] for x in pre["any_finding"]}
+    firstf = {(x["rule"], x["class"]): x["count"] for x in pre["first_finding"]}
+    for k in sorted(anyf, key=lambda k: -anyf[k]):
+        lines.append(f"| {k[0]} | {k[1]} | {firstf.get(k, 0)} | {anyf[k]} |")
+    lines += ["", "| record | class | rule | message |", "|---|---|---|---|"]
+    for x in pre["list"]:
+        f = x["findings"][0]
+        lines.append(f"| {x['key']} | {f['class']} | {f['rule']} | {f['message'].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -812,7 +925,8 @@ def markdown(report: dict) -> str:
         if report["ncu_note"]:
             lines += [report["ncu_note"], ""]
         if report["ncu"]:
-            lines += ["| record | judge ms | ncu ms | judge/ncu | kernels/forward | note |", "|---|---|---|---|---|---|"]
+            lines += ["| record | judge ms | ncu ms | judge/ncu | kernels/forward | note |",
+                      "|---|---|---|---|---|---|"]
             lines += [f"| {x['key']} | {_fmt(x['judge_ms'])} | {_fmt(x['ncu_ms'])} | {_fmt(x['ratio'])} | "
                       f"{_fmt(x['kernels_per_forward'])} | {x['error'] or ''} |" for x in report["ncu"]]
     lines += ["", "## Records not judged correct", "", "| record | class | rule | category | message |",
@@ -887,6 +1001,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float,
                    help="minutes: submit nothing new after this, withdraw what waits; a rerun goes on from there")
     p.add_argument("--report-only", action="store_true", help="judge nothing: report what OUT holds")
+    p.add_argument("--prescreen", action="store_true",
+                   help="no device: the judge's static checks (policy, compiler flags) over the records, "
+                        "classified by the same rules, to OUT/prescreen.json and prescreen.md")
     p.add_argument("--ncu-sample", type=int, default=0, help="profile K correct solutions under ncu (cuda)")
     p.add_argument("--ncu-forwards", type=int, default=3, help="profiled forwards per solution (default 3)")
     p.add_argument("--ncu-timeout", type=float, default=900.0, help="limit on one ncu run (s)")
@@ -956,6 +1073,13 @@ def main(argv: list[str] | None = None) -> int:
         config = judge_config(args)
         settings = settings_of(config)
         records = stratified_sample(corpus.records, args.sample, args.seed)
+        if args.prescreen:
+            pre = prescreen(records, args.policy, args.near_factor)
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "prescreen.json").write_text(json.dumps(pre, indent=1))
+            (args.out / "prescreen.md").write_text(prescreen_markdown(pre))
+            print(prescreen_markdown(pre))
+            return 0
         if args.report_only:
             if not (args.out / VERDICTS_FILE).is_file():
                 raise UsageError(f"{args.out / VERDICTS_FILE}: nothing judged yet")

@@ -309,6 +309,9 @@ def verdict_entry(category: str | None, message: str = "", correct: bool = False
     ("mismatch", "call 0 (checked): output: shape (2, 3), expected (3, 2)", "solution_error", "wrong-results"),
     ("mismatch", "call 1: forward modified input 0 in place", "policy_difference", "input-mutation"),
     ("policy", "line 12: try/except is not allowed (no fallbacks)", "policy_difference", "policy-refusal"),
+    ("policy", "line 50: use of 'input' is not allowed", "judge_problem", "input-as-a-name"),
+    ("policy", "fused_ops/cuda.cu:30: threads ('clone(') is not allowed", "judge_problem", "clone-pattern"),
+    ("policy", "src:3: threads ('std::thread') is not allowed", "policy_difference", "policy-refusal"),
     ("policy", "line 9: ModelNew must derive from nn.Module, not Model", "hack", "reference-fallback"),
     ("tampering", "the judge's own files changed during the run", "hack", "tampering"),
     ("judge", "Traceback (most recent call last): ...", "judge_problem", "judge-error"),
@@ -320,10 +323,12 @@ def verdict_entry(category: str | None, message: str = "", correct: bool = False
      "timing-disagreement"),
     ("oom", "the candidate process exceeded 16384 MiB of host memory during call 0", "judge_problem", "memory-limit"),
     ("runtime", "call 0: reading back the inputs failed: boom", "judge_problem", "reading-back-inputs"),
-    ("runtime", "RuntimeError: CUDA error: an illegal memory access was encountered", "solution_error", "crash"),
-    ("crash", "the candidate process died during call 0 (killed by SIGSEGV)", "solution_error", "crash"),
-    ("init", "TypeError: __init__() takes 1 positional argument but 3 were given", "solution_error", "crash"),
-    ("load", "the candidate defines no class ModelNew at module level", "solution_error", "crash"),
+    ("runtime", "RuntimeError: CUDA error: an illegal memory access was encountered", "solution_error",
+     "raised-or-crashed"),
+    ("crash", "the candidate process died during call 0 (killed by SIGSEGV)", "solution_error", "raised-or-crashed"),
+    ("init", "TypeError: __init__() takes 1 positional argument but 3 were given", "solution_error",
+     "raised-or-crashed"),
+    ("load", "the candidate defines no class ModelNew at module level", "solution_error", "raised-or-crashed"),
     ("something_new", "a category no rule knows", "judge_problem", "unclassified"),
 ])
 def test_rules(category, message, cls, rule):
@@ -359,6 +364,36 @@ def test_message_line_says_what_happened():
     assert fid.first_line(tb, "judge") == "KeyError: 'weight'"
     assert fid.first_line("\n  call 3: boom\nmore\n", "runtime") == "call 3: boom"
     assert fid.first_line("", "runtime") == ""
+
+
+def test_prescreen_finds_static_refusals_in_the_judges_words(tmp_path):
+    """Without a device: the judge's own static checks over the records, classified by the rules."""
+    blank_flags = silu_solution("silu.silu_forward(x)").replace(
+        "verbose=False)", 'verbose=False, extra_cflags=[""], extra_cuda_cflags=FLAGS)').replace(
+        "silu_source = ", 'FLAGS = ["-O3", "--restrict"]\nsilu_source = ')
+    clone = silu_solution("silu.silu_forward(x)").replace("torch::Tensor y = torch::empty_like(x);",
+                                                          "torch::Tensor y = x.clone();")
+    input_name = TRY_EXCEPT.replace("def forward(self, x):\n        try:\n            return x * torch.sigmoid(x)\n"
+                                    "        except RuntimeError:\n            raise",
+                                    "def forward(self, input):\n        return input * torch.sigmoid(input)")
+    assert "try:" not in input_name
+    records = [("flags", 1, 0, blank_flags, 1.0), ("clone", 1, 0, clone, 1.0), ("input", 1, 0, input_name, 1.0),
+               ("try", 1, 0, TRY_EXCEPT, 1.0), ("clean", 1, 0, silu_solution("silu.silu_forward(x)"), 1.0),
+               ("syntax", 1, 0, "class ModelNew(:\n", 1.0)]
+    make_corpus(tmp_path / "c", records)
+    proc = run_script("--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "out"), "--prescreen", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    pre = json.loads((tmp_path / "out" / "prescreen.json").read_text())
+    first = {x["key"]: (x["findings"][0]["class"], x["findings"][0]["rule"]) for x in pre["list"]}
+    assert first == {"l1_p1_flags": ("judge_problem", "build-flags"),
+                     "l1_p1_clone": ("judge_problem", "clone-pattern"),
+                     "l1_p1_input": ("judge_problem", "input-as-a-name"),
+                     "l1_p1_try": ("policy_difference", "policy-refusal"),
+                     "l1_p1_syntax": ("solution_error", "raised-or-crashed")}
+    flags = next(x for x in pre["list"] if x["key"] == "l1_p1_flags")["findings"][0]["message"]
+    assert flags.endswith("not allowed:  --restrict")  # the blank flag, then the one resolved through FLAGS
+    assert pre["records"] == 6 and pre["refused"] == 5
+    assert "| l1_p1_clone | judge_problem | clone-pattern |" in (tmp_path / "out" / "prescreen.md").read_text()
 
 
 # ------------------------------------------------------------------------------- statistics
