@@ -483,6 +483,9 @@ RULES: tuple[Rule, ...] = (
          pattern=r"reading back the inputs failed"),
     Rule("memory-limit", "judge_problem", ("oom", "resource"),
          "the judge's memory or disk limit (the leaderboard ran it within its own)"),
+    Rule("unsupported-build-call", "judge_problem", ("load", "init", "runtime"),
+         "the judge does not support this way of building (extra_include_paths, cpp_extension.load)",
+         pattern=r"is not supported by the judge|only load_inline \(or a workspace\) can build extensions"),
     Rule("raised-or-crashed", "solution_error", ("load", "init", "runtime", "crash"),
          "the solution raised or crashed (load, construction or forward)"),
 )
@@ -603,6 +606,8 @@ def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
         for key in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
             value = _literal(args[key], names) if key in args else None
             flags += [value] if isinstance(value, str) else [str(x) for x in value or []]
+        if "extra_include_paths" in args and _literal(args["extra_include_paths"], names) != []:
+            found.append(("load", "RuntimeError: extra_include_paths is not supported by the judge"))
         bad = check_flags(flags)
         if bad:
             found.append(("compile", f"compiler/linker flags not allowed: {' '.join(bad)}"))

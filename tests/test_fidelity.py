@@ -329,6 +329,8 @@ def verdict_entry(category: str | None, message: str = "", correct: bool = False
     ("init", "TypeError: __init__() takes 1 positional argument but 3 were given", "solution_error",
      "raised-or-crashed"),
     ("load", "the candidate defines no class ModelNew at module level", "solution_error", "raised-or-crashed"),
+    ("load", "Traceback (most recent call last):\n ...\nRuntimeError: extra_include_paths is not supported by the "
+             "judge", "judge_problem", "unsupported-build-call"),
     ("something_new", "a category no rule knows", "judge_problem", "unclassified"),
 ])
 def test_rules(category, message, cls, rule):
