@@ -10,7 +10,9 @@ the number in that name decides (and a disagreement is reported).
 
     python benchmarks/fidelity.py --corpus CORPUS/docs/assets --out fidelity-h200
     python benchmarks/fidelity.py --corpus ... --out ... --sample 60 --seed 1 --ncu-sample 8
+    python benchmarks/fidelity.py --corpus ... --out ... --time-budget 8     # again until all are judged
     python benchmarks/fidelity.py --corpus ... --out ... --report-only --explain reviewed.json
+    python benchmarks/fidelity.py --corpus ... --out ... --prescreen       # static checks only, no device
 
 1. Every record (or a sample stratified by level) is paired with its reference and judged through
    the project's pool (`cuda_agent.pool`), by default on CUDA with the lenient policy (published
