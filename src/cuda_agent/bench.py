@@ -19,6 +19,7 @@ import queue
 import sys
 import threading
 import time
+from concurrent.futures import CancelledError
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -156,7 +157,7 @@ def record_json(rec: StoredVerdict | StoredFailure) -> dict:
                                                                               "solution": rec.solution}
     return {"record": "judge_failure", "task_id": rec.task_id, "task_name": rec.task_name,
             "candidate_hash": rec.candidate_hash, "solution": rec.solution, "level": rec.level,
-            "compiled": False, "correct": False, "reward": None,
+            "compiled": None, "correct": False, "reward": None,
             "failure": {"category": rec.category, "message": rec.message}, "finished_at": rec.finished_at}
 
 
@@ -231,6 +232,15 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
                        failed_now=counts["failed"], already_done=already, pool_error=pool_error)
 
 
+def _pool_state(pool: Pool) -> PoolError:
+    """Why the pool cancelled a waiting pair: its broken state when it broke, else its shutdown."""
+    try:
+        pool.wait_ready(0)
+    except PoolError as exc:
+        return exc
+    return PoolError("the pool shut down before this pair was judged")
+
+
 def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, counts: dict[str, int]) -> str | None:
     """Submit from a feeder thread (submit blocks when the pool's queue is full) and store each
     outcome from this thread the moment it arrives: a verdict, or a judge failure for a pair the
@@ -262,6 +272,8 @@ def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, 
             if error is None:
                 try:
                     verdict = future.result()
+                except CancelledError:  # a broken pool cancels what waited in its queue: say why
+                    error = _pool_state(pool)
                 except Exception as exc:  # JudgeError: the task's fault; PoolError: the pool's
                     error = exc
             if verdict is not None:
