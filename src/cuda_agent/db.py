@@ -216,6 +216,9 @@ class ResultsDB:
     def _check_schema(self) -> None:
         """Record the version of a new file, migrate an older one, refuse a newer one."""
         conn = self._conn
+        row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is not None and row[0] == str(SCHEMA_VERSION):
+            return  # the common case takes no write lock (pool workers open the file as they start)
         conn.execute("BEGIN IMMEDIATE")  # two processes opening one old file: one migrates, one waits
         try:
             row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()

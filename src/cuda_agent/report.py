@@ -78,7 +78,7 @@ def verdict_table(records: list, title: str) -> Table:
         table.add_row(v.task_name, solution, level, "yes" if v.compiled else "no",
                       "[green]yes[/green]" if v.correct else "[red]no[/red]", fmt_ms(v.runtime_ms), fmt_ms(v.eager_ms),
                       fmt_ms(v.compile_ms), fmt_x(v.speedup_vs_eager), fmt_x(v.speedup_vs_compile), f"{v.reward:g}",
-                      (v.failure.category.value + ": " + v.failure.message.splitlines()[0][:60]) if v.failure else "")
+                      (v.failure.category.value + ": " + message_summary(v.failure.message)) if v.failure else "")
     return table
 
 
