@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cuda_agent.metrics import FAST_P, Outcome, geomean, metrics, metrics_table
+from cuda_agent.metrics import FAST_P, Outcome, best_of, geomean, metrics, metrics_table
 
 
 def ok(level, eager, compile_=None):
@@ -70,3 +70,33 @@ def test_tasks_without_a_level_come_last_and_empty_input_is_zero():
 def test_geomean_refuses_non_positive_values():
     assert geomean([4.0, 1.0]) == pytest.approx(2.0)
     assert geomean([]) is None and geomean([1.0, 0.0]) is None
+
+
+def test_each_pair_counts_and_best_of_counts_each_task_once():
+    """Task "a" has two candidates (one correct at 3.0x, one failed), task "b" one at 0.5x: per pair
+    three outcomes, per task two, "a" by its best candidate."""
+    pairs = [ok(1, 3.0, 2.0).model_copy(update={"task": "a"}), failed(1).model_copy(update={"task": "a"}),
+             ok(1, 0.5, 0.5).model_copy(update={"task": "b"})]
+    table = metrics_table(pairs)
+    assert table.overall.n == 3 and table.overall.n_correct == 2 and table.n_tasks == 2
+    best = table.best_of_overall
+    assert (best.n, best.n_correct, best.pass_rate) == (2, 2, 1.0)
+    assert best.geomean_speedup_vs_eager == pytest.approx(math.sqrt(3.0 * 0.5))
+    assert best.geomean_speedup_vs_compile == pytest.approx(math.sqrt(2.0 * 0.5))
+    assert [m.label for m in table.best_of_levels] == ["level 1"]
+    # one outcome per task: the best-of table would repeat the per-pair one, so there is none
+    single = metrics_table(OUTCOMES)
+    assert single.best_of_overall is None and single.best_of_levels is None and single.n_tasks == 4
+
+
+def test_a_pair_the_judge_could_not_judge_counts_as_not_correct_and_apart():
+    outcomes = [ok(1, 4.0).model_copy(update={"task": "a"}), Outcome.unjudged(1, "b"),
+                failed(1, with_compile=False).model_copy(update={"task": "c"})]
+    m = metrics(outcomes)
+    assert (m.n, m.n_correct, m.n_judge_errors) == (3, 1, 1)
+    assert m.pass_rate == pytest.approx(1 / 3)
+    assert m.geomean_speedup_vs_eager == pytest.approx(4.0 ** (1 / 3))     # enters at 1.0 like a failure
+    # a task whose only pair was not judged stays a judge error in best-of; one judged elsewhere does not
+    best = {o.task: o for o in best_of(
+        [Outcome.unjudged(1, "b"), Outcome.unjudged(1, "d"), failed(1).model_copy(update={"task": "d"})])}
+    assert best["b"].judge_error and not best["d"].judge_error and not best["d"].correct

@@ -55,7 +55,49 @@ def db_path(tmp_path):
         add(db, "new", "1_Relu", 1, 0.5)
         add(db, "new", "2_Gemm", 1, 1.0)
         add(db, "new", "1_Fused", 2, 1.25)
+        add_pairs(db)
     return path
+
+
+def add_pairs(db: ResultsDB) -> None:
+    """Run "pairs": one reference source under two task names, each with its own solution (one
+    correct at 2.0x, one wrong), and a task whose eager baseline failed (no verdict)."""
+    db.open_run("pairs", spec="kernelbench", device="cuda", settings_digest="d", info={"config": {}})
+    source = TASK.format(name="softmax")
+    for name, runtime_ms in (("3_Softmax", 1.0), ("3_Softmax_again", None)):
+        task = Task.from_source(source, name=name, level=1)
+        cand = Candidate.from_files(f"class ModelNew: pass\n# {name}\n", {}, origin=f"/solutions/pairs/{name}.py")
+        v = Verdict(task_id=task.id, task_name=name, candidate_hash=cand.hash, device="cuda",
+                    device_name="NVIDIA H200", compiled=True, eager=timing(2.0))
+        if runtime_ms is None:
+            v.failure = Failure(category=FailureCategory.MISMATCH, message="max abs error 3")
+            v.reward, v.reward_reason = -1.0, "incorrect or failed"
+        else:
+            v.correct, v.runtime, v.reward, v.reward_reason = True, timing(runtime_ms), 2.0, "scored"
+        db.add_verdict("pairs", task, cand, v)
+    broken = Task.from_source(TASK.format(name="broken"), name="5_Broken", level=1)
+    db.add_failure("pairs", broken, Candidate.from_files("class ModelNew: pass\n# b\n", {}, origin="/s/5_Broken.py"),
+                   "baseline", "task 5_Broken: eager baseline failed: worker setup failed: <RuntimeError>")
+
+
+def test_every_pair_and_every_judge_failure_is_in_the_report(db_path):
+    with ResultsDB(db_path) as db:
+        text = render_report(db, ["pairs"])
+    assert text.count('<tr data-task="') == 3
+    assert '<tr data-task="3_Softmax" data-judged="yes">' in text
+    assert '<tr data-task="3_Softmax_again" data-judged="yes">' in text
+    assert '<tr data-task="5_Broken" data-judged="no">' in text
+    assert "not judged: baseline" in text and "&lt;RuntimeError&gt;" in text
+    assert "3 (task, candidate) pairs of 2 tasks" in text
+    assert re.search(r"candidate failures</th><td>mismatch: 1</td>", text)
+    assert re.search(r'not judged</th><td class="bad">baseline: 1 ', text)
+    # per pair: 3 pairs, 1 correct, 1 not judged; per task (best of): 2 tasks, 1 correct, 1 not judged
+    assert re.search(r"overall</td><td>3</td>\s*<td>33.3%</td><td>1</td>", text)
+    assert "per task, best of its candidates" in text
+    assert re.search(r"overall</td><td>2</td>\s*<td>50.0%</td><td>1</td>", text)
+    # a run with one candidate per task has no best-of table
+    with ResultsDB(db_path) as db:
+        assert "best of its candidates" not in render_report(db, ["base"])
 
 
 def test_report_content(db_path):
@@ -89,7 +131,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
-@pytest.mark.parametrize("runs", [["base"], ["base", "new"]], ids=["one-run", "two-runs"])
+@pytest.mark.parametrize("runs", [["base"], ["base", "new"], ["pairs"]], ids=["one-run", "two-runs", "pairs"])
 def test_report_renders_in_headless_chromium(db_path, tmp_path, runs):
     out = write_report(db_path, runs, tmp_path / "report.html")
     profile = tmp_path / "chromium-profile"
@@ -101,7 +143,7 @@ def test_report_renders_in_headless_chromium(db_path, tmp_path, runs):
     console = [ln for ln in res.stderr.splitlines() if ":CONSOLE" in ln]
     assert not console, f"the page logged to the console (script errors): {console}"
     dom = res.stdout
-    rows = 3 * len(runs)
+    rows = 3 * len(runs)  # three rows in each run
     assert f'data-ready="{rows}"' in dom, "the inline script did not run to its end"
     assert f'data-plots="{len(runs) + 1}/{len(runs) + 1}"' in dom, "a plot did not decode"
     assert "CUDA Agent Table 1 metrics" in dom
@@ -118,4 +160,5 @@ def test_report_command_writes_the_file(db_path, tmp_path):
     assert res.returncode == 2 and "no run named 'nope'" in res.stderr
     res = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "runs", "--db", str(db_path)],
                          capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "base" in res.stdout and "3 verdicts" in res.stdout
+    assert res.returncode == 0 and "base" in res.stdout and "3 verdicts, 0 not judged" in res.stdout
+    assert "2 verdicts, 1 not judged" in res.stdout  # run "pairs"

@@ -2,9 +2,13 @@
 
 A bench run is named (`--run`, default `<tasks>-<device>-<UTC time>`). Each verdict is committed to
 the database as soon as it arrives; running the same run again judges only the (task, candidate)
-pairs it does not hold yet, so an interrupted run resumes where it stopped. The table and the
-metrics (CUDA Agent's Table 1 and KernelBench's fast_p, see `cuda_agent.metrics`) are computed from
-the database, over every task of the run, including those judged before a resume.
+pairs it does not hold a verdict for yet, so an interrupted run resumes where it stopped. A pair the
+judge could not judge (the pool's future raised `JudgeError`: the reference or its baseline failed;
+or `PoolError`: the pool broke) is recorded as a `StoredFailure` with a category and the message,
+and is tried again by a resumed run. The table, the JSON lines and the metrics (CUDA Agent's Table 1
+and KernelBench's fast_p, see `cuda_agent.metrics`) are computed from the database: one row per
+(task, candidate) pair of the run, verdicts and judge failures, including those of earlier
+invocations.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import queue
 import sys
 import threading
 import time
+from concurrent.futures import CancelledError
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,11 +28,12 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
                            TimeRemainingColumn)
 
 from cuda_agent.candidate import Candidate, CandidateError
-from cuda_agent.db import ResultsDB, StoredVerdict, default_db_path
+from cuda_agent.db import ResultsDB, StoredFailure, StoredVerdict, default_db_path
 from cuda_agent.judge import JudgeConfig, JudgeError
 from cuda_agent.metrics import MetricsTable, Outcome, metrics_table
 from cuda_agent.pool import Pool, PoolConfig, PoolError
-from cuda_agent.report import console, metrics_tables, summary_lines, verdict_table
+from cuda_agent.report import (console, message_summary, metrics_tables, solution_label, summary_lines,
+                               verdict_table)
 from cuda_agent.tasks import Task, load_tasks
 
 # Fields that do not change what a verdict means: where files go and which uid sandboxes use.
@@ -53,11 +59,35 @@ class BenchPlan(BaseModel):
 class BenchResult(BaseModel):
     run: str
     db: Path
-    verdicts: list[StoredVerdict]
+    records: list[StoredVerdict | StoredFailure]   # every pair of the run, in task order
     table: MetricsTable
-    judged_now: int
+    judged_now: int                     # verdicts reached by this invocation
+    failed_now: int                     # pairs this invocation could not judge (recorded as failures)
     already_done: int
-    errors: dict[str, str]              # task name -> why the judge could not work on it
+    pool_error: str | None = None       # the pool broke: the pairs it left are failures of category pool
+
+    @property
+    def verdicts(self) -> list[StoredVerdict]:
+        return [r for r in self.records if isinstance(r, StoredVerdict)]
+
+    @property
+    def failures(self) -> list[StoredFailure]:
+        return [r for r in self.records if isinstance(r, StoredFailure)]
+
+
+def failure_category(exc: BaseException) -> str:
+    """The category of a pair the judge could not judge, from what the pool's future raised: the
+    judge's `JudgeError` carries only a message (it crosses a process boundary as text), whose
+    wording the judge keeps stable: "<mode> baseline failed", "the reference does not import",
+    "reference output of ... exceeds"."""
+    if isinstance(exc, PoolError) or not isinstance(exc, JudgeError):
+        return "pool"
+    text = str(exc)
+    if " baseline failed" in text:
+        return "baseline"
+    if "the reference does not import" in text or "reference output of" in text:
+        return "reference"
+    return "judge"
 
 
 def find_solutions(tasks: list[Task], folder: Path) -> dict[str, Path]:
@@ -113,8 +143,30 @@ def default_run_name(spec: str, device: str) -> str:
     return f"{label}-{device}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 
 
-def outcomes_of(verdicts: list[StoredVerdict], missing: list[Task] = ()) -> list[Outcome]:
-    return [Outcome.of(v.verdict, v.level) for v in verdicts] + [Outcome.missing(t.level) for t in missing]
+def outcomes_of(records: list[StoredVerdict | StoredFailure], missing: list[Task] = ()) -> list[Outcome]:
+    """One outcome per pair (a judge failure counts as not correct), plus one per missing task."""
+    return ([Outcome.of(r.verdict, r.level, r.task_id) if isinstance(r, StoredVerdict)
+             else Outcome.unjudged(r.level, r.task_id) for r in records]
+            + [Outcome.missing(t.level, t.id) for t in missing])
+
+
+def record_json(rec: StoredVerdict | StoredFailure) -> dict:
+    """One JSON line of `--out`: a verdict (its full JSON) or a judge failure, told apart by `record`."""
+    if isinstance(rec, StoredVerdict):
+        return {"record": "verdict"} | rec.verdict.model_dump(mode="json") | {"level": rec.level,
+                                                                              "solution": rec.solution}
+    return {"record": "judge_failure", "task_id": rec.task_id, "task_name": rec.task_name,
+            "candidate_hash": rec.candidate_hash, "solution": rec.solution, "level": rec.level,
+            "compiled": None, "correct": False, "reward": None,
+            "failure": {"category": rec.category, "message": rec.message}, "finished_at": rec.finished_at}
+
+
+def judge_failure_counts(records: list) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in records:
+        if isinstance(r, StoredFailure):
+            counts[r.category] = counts.get(r.category, 0) + 1
+    return counts
 
 
 def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels: list[int] | None = None,
@@ -133,9 +185,9 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
                                          "solutions": str(solutions) if solutions else "bundled",
                                          "argv": sys.argv[1:], "started": time.time()})
         # What the report needs to count unsolved tasks later, as of this invocation.
-        db.update_run_info(run_name, missing=[{"name": t.name, "level": t.level} for t in plan.missing])
+        db.update_run_info(run_name, missing=[{"name": t.name, "level": t.level, "id": t.id} for t in plan.missing])
         done = db.finished(run_name)
-        todo = [it for it in plan.items if (it.task.id, it.candidate.hash) not in done]
+        todo = [it for it in plan.items if (it.task.id, it.task.name, it.candidate.hash) not in done]
         already = len(plan.items) - len(todo)
         console.print(f"run [bold]{run_name}[/bold] in {db_path}: {len(plan.items)} of {len(plan.tasks)} tasks "
                       f"have a solution" + (f", {already} already judged" if already else "")
@@ -144,75 +196,105 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
                       soft_wrap=True)
         for name, why in plan.unreadable.items():
             console.print(f"[red]{name}: {why}[/red]")
-        errors: dict[str, str] = {}
+        counts = {"judged": 0, "failed": 0}
+        pool_error: str | None = None
         if todo:
             pc = pool_config or PoolConfig()
             pc = pc.model_copy(update={"baseline_db": pc.baseline_db or db_path})
             with Pool(config, pc) as pool:
-                _judge_all(pool, todo, db, run_name, errors)
-        verdicts = db.verdicts(run_name)
+                pool_error = _judge_all(pool, todo, db, run_name, counts)
+        records = db.records(run_name)
     finally:
         db.close()
-    order = {t.id: i for i, t in enumerate(plan.tasks)}
-    verdicts.sort(key=lambda v: order.get(v.task_id, len(order)))
-    table = metrics_table(outcomes_of(verdicts, plan.missing if count_missing else []))
-    console.print(verdict_table(verdicts, f"{run_name}: {plan.spec} on {config.device}"))
+    order = {(t.id, t.name): i for i, t in enumerate(plan.tasks)}
+    records.sort(key=lambda r: (order.get((r.task_id, r.task_name), len(order)), r.task_name))
+    table = metrics_table(outcomes_of(records, plan.missing if count_missing else []))
+    console.print(verdict_table(records, f"{run_name}: {plan.spec} on {config.device}"))
     for t in metrics_tables(table, count_missing=count_missing, n_missing=len(plan.missing)):
         console.print(t)
-    for line in summary_lines(table):
+    for line in summary_lines(table, judge_failure_counts(records)):
         console.print(line)
+    failures = [r for r in records if isinstance(r, StoredFailure)]
+    if failures:
+        console.print("[red]not judged[/red] (the task or the judge failed, not the candidate):")
+        for r in failures:
+            console.print(f"  {r.task_name} ({solution_label(r.solution)}): {r.category}: "
+                          f"{message_summary(r.message, 160)}", soft_wrap=True)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(v.verdict.model_dump(mode="json") | {"level": v.level}) + "\n"
-                               for v in verdicts))
+        out.write_text("".join(json.dumps(record_json(r)) + "\n" for r in records))
     if report is not None:
         from cuda_agent.report_html import write_report
 
         write_report(db_path, [run_name], report, count_missing=count_missing)
         console.print(f"report: {report}")
-    return BenchResult(run=run_name, db=db_path, verdicts=verdicts, table=table, judged_now=len(todo) - len(errors),
-                       already_done=already, errors=errors)
+    return BenchResult(run=run_name, db=db_path, records=records, table=table, judged_now=counts["judged"],
+                       failed_now=counts["failed"], already_done=already, pool_error=pool_error)
 
 
-def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, errors: dict[str, str]) -> None:
-    """Submit from a feeder thread (submit blocks when the pool's queue is full) and store each verdict
-    from this thread the moment it arrives."""
+def _pool_state(pool: Pool) -> PoolError:
+    """Why the pool cancelled a waiting pair: its broken state when it broke, else its shutdown."""
+    try:
+        pool.wait_ready(0)
+    except PoolError as exc:
+        return exc
+    return PoolError("the pool shut down before this pair was judged")
+
+
+def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, counts: dict[str, int]) -> str | None:
+    """Submit from a feeder thread (submit blocks when the pool's queue is full) and store each
+    outcome from this thread the moment it arrives: a verdict, or a judge failure for a pair the
+    judge or the pool could not judge. Returns why the pool broke, if it did (the pairs it left are
+    recorded as failures of category `pool`)."""
     finished: queue.Queue = queue.Queue()
-    feeder_error: list[BaseException] = []
 
     def feed() -> None:
-        for item in todo:
+        for i, item in enumerate(todo):
             try:
                 future = pool.submit(item.task, item.candidate)
-            except PoolError as exc:
-                feeder_error.append(exc)
-                finished.put(None)
+            except PoolError as exc:  # the pool broke: none of the rest can be judged now
+                for rest in todo[i:]:
+                    finished.put((rest, None, exc))
                 return
-            future.add_done_callback(lambda f, item=item: finished.put((item, f)))
+            future.add_done_callback(lambda f, item=item: finished.put((item, f, None)))
 
     feeder = threading.Thread(target=feed, name="bench-feeder", daemon=True)
     feeder.start()
     passed = failed = 0
+    pool_error: str | None = None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
                   console=console, transient=True) as progress:
         bar = progress.add_task("judging", total=len(todo), status="")
         for _ in range(len(todo)):
-            got = finished.get()
-            if got is None:
-                raise feeder_error[0]
-            item, future = got
-            try:
-                verdict = future.result()
-            except JudgeError as exc:  # a broken task, not a candidate's fault: say so, go on
-                errors[item.task.name] = str(exc)
-                progress.console.print(f"[red]{item.task.name}: {exc}[/red]")
-            else:
+            item, future, error = finished.get()
+            verdict = None
+            if error is None:
+                try:
+                    verdict = future.result()
+                except CancelledError:  # a broken pool cancels what waited in its queue: say why
+                    error = _pool_state(pool)
+                except Exception as exc:  # JudgeError: the task's fault; PoolError: the pool's
+                    error = exc
+            if verdict is not None:
                 db.add_verdict(run_name, item.task, item.candidate, verdict)
+                counts["judged"] += 1
                 if verdict.correct:
                     passed += 1
                 else:
                     failed += 1
+            else:
+                category = failure_category(error)
+                message = str(error) or type(error).__name__
+                if not isinstance(error, (JudgeError, PoolError)):
+                    message = f"{type(error).__name__}: {message}"
+                if category == "pool":
+                    pool_error = pool_error or message
+                db.add_failure(run_name, item.task, item.candidate, category, message)
+                counts["failed"] += 1
+                failed += 1
             progress.update(bar, advance=1, description=f"judged {item.task.name}",
-                            status=f"[green]{passed} correct[/green] [red]{failed} failed[/red]")
+                            status=f"[green]{passed} correct[/green] [red]{failed} failed[/red]"
+                                   + (f" ({counts['failed']} not judged)" if counts["failed"] else ""))
     feeder.join()
+    return pool_error

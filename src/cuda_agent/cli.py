@@ -143,6 +143,8 @@ def bench_cmd(
     """Judge every task that has a solution through the worker pool; print the table and CUDA Agent's metrics.
 
     Every verdict goes to the results database as it arrives: rerun with the same --run to resume.
+    One row per (task, candidate) pair; a pair the judge could not judge (its baseline failed, the
+    pool broke) is a row too, counted as not correct. Exit 3 when the pool broke.
     """
     from pydantic import ValidationError
 
@@ -158,10 +160,13 @@ def bench_cmd(
     except ValidationError as exc:
         _fail(f"invalid pool settings:\n{exc}", 2)
     try:
-        run_bench(tasks, solutions, cfg, levels=level, out=out, db_path=db, run_name=run, pool_config=pool_config,
-                  report=report, count_missing=count_missing)
+        result = run_bench(tasks, solutions, cfg, levels=level, out=out, db_path=db, run_name=run,
+                           pool_config=pool_config, report=report, count_missing=count_missing)
     except (TaskError, JudgeError, PoolError, DBError, FileNotFoundError) as exc:
         _fail(str(exc))
+    if result.pool_error:  # the table and files are written; the pairs it left are recorded, to resume
+        _fail(f"the pool broke, {result.failed_now} pairs not judged (rerun with --run {result.run} to retry "
+              f"them): {result.pool_error}")
 
 
 @app.command("build")
@@ -252,8 +257,8 @@ def runs_cmd(db: Annotated[Optional[Path], typer.Option("--db", help="results da
     if not db_path.exists():
         _fail(f"{db_path}: no results database", 2)
     with ResultsDB(db_path) as rdb:
-        for info, count in rdb.runs():
-            typer.echo(f"{info.name}\t{info.device}\t{count} verdicts\t{info.spec}")
+        for info, count, failed in rdb.run_counts():
+            typer.echo(f"{info.name}\t{info.device}\t{count} verdicts, {failed} not judged\t{info.spec}")
 
 
 from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)

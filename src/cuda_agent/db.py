@@ -7,10 +7,22 @@ SIGKILL loses no verdict it had finished: WAL commits survive the death of the p
 `synchronous=NORMAL` the last commits can be lost if the *machine* loses power, never on a process
 crash; that trade keeps commits cheap.
 
-Identity: a verdict is keyed by (run, task id, candidate hash). Rerunning a run skips every pair
-already present, which is how an interrupted run resumes. A run records the judge settings it was
-made with (`settings_digest`); resuming it with other settings is refused, because the verdicts
-would not be comparable.
+Identity: a verdict is keyed by (run, task id, task name, candidate hash): one row per (task,
+candidate) pair, so two solutions of one reference source (two task names with the same source)
+are two rows, even when their sources are identical. Rerunning a run skips every pair that has a
+verdict, which is how an interrupted run resumes. Each verdict also records its solution (the
+candidate's origin, e.g. its file): when a solution changes between two invocations of a run, the
+newer candidate's row supersedes the older one in what the run reports.
+
+A pair the judge could not judge (its reference or baseline failed, or the pool broke under it)
+is a row of `judge_failures`, with a category and the message; it is not a verdict, so a resumed
+run tries that pair again, and a verdict reached later replaces the failure.
+
+A run records the judge settings it was made with (`settings_digest`); resuming it with other
+settings is refused, because the verdicts would not be comparable.
+
+Schema versions: 1 keyed verdicts by (run, task id, candidate hash) and had no `judge_failures`;
+opening a version-1 file migrates it in place (one transaction) to version 2.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from cuda_agent.judge.baselines import Baseline, BaselineKey
 from cuda_agent.judge.verdict import Verdict
 from cuda_agent.tasks import Task
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -68,9 +80,24 @@ CREATE TABLE IF NOT EXISTS verdicts (
     judge_s REAL,
     finished_at REAL NOT NULL,
     verdict TEXT NOT NULL,                  -- the full verdict as JSON
-    PRIMARY KEY (run, task_id, candidate_hash)
+    solution TEXT NOT NULL DEFAULT '',      -- the candidate's origin when judged (its file or folder)
+    PRIMARY KEY (run, task_id, task_name, candidate_hash)
 );
 CREATE INDEX IF NOT EXISTS verdicts_by_run ON verdicts (run, finished_at);
+CREATE TABLE IF NOT EXISTS judge_failures (
+    run TEXT NOT NULL REFERENCES runs(name),
+    task_id TEXT NOT NULL,
+    candidate_hash TEXT NOT NULL,
+    task_name TEXT NOT NULL,
+    task_group TEXT NOT NULL,
+    task_origin TEXT NOT NULL,
+    level INTEGER,
+    solution TEXT NOT NULL,
+    category TEXT NOT NULL,                 -- baseline, reference, judge or pool
+    message TEXT NOT NULL,
+    finished_at REAL NOT NULL,
+    PRIMARY KEY (run, task_id, task_name, candidate_hash)
+);
 CREATE TABLE IF NOT EXISTS baselines (
     key TEXT PRIMARY KEY,                   -- BaselineKey.digest()
     task_id TEXT NOT NULL,
@@ -115,6 +142,51 @@ class StoredVerdict(BaseModel):
     candidate_hash: str
     finished_at: float
     verdict: Verdict
+    solution: str = ""          # the candidate's origin when it was judged
+
+    @property
+    def correct(self) -> bool:
+        return self.verdict.correct
+
+
+class StoredFailure(BaseModel):
+    """A (task, candidate) pair the judge could not judge: no verdict, the reason instead.
+
+    `category`: `baseline` (the eager or torch.compile baseline of the reference failed),
+    `reference` (the reference does not import, or its output is too large), `judge` (any other
+    error of the judge) or `pool` (the pool broke or shut down before the pair was judged)."""
+
+    run: str
+    task_id: str
+    task_name: str
+    task_group: str
+    task_origin: str
+    level: int | None
+    candidate_hash: str
+    finished_at: float
+    solution: str = ""
+    category: str
+    message: str
+
+    @property
+    def correct(self) -> bool:
+        return False
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Version 1 keyed verdicts by (run, task id, candidate hash) and had no solution column: rebuild
+    the table with the new key, each old verdict's solution taken from its candidate's origin.
+    (`judge_failures` was created by the schema script already.)"""
+    conn.execute("ALTER TABLE verdicts RENAME TO verdicts_v1")
+    conn.execute("DROP INDEX IF EXISTS verdicts_by_run")
+    body = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS verdicts"):_SCHEMA.index("CREATE TABLE IF NOT EXISTS judge_failures")]
+    for statement in body.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("INSERT INTO verdicts SELECT v.*, COALESCE((SELECT origin FROM candidates c "
+                 "WHERE c.hash = v.candidate_hash), '') FROM verdicts_v1 v")
+    conn.execute("DROP TABLE verdicts_v1")
+    conn.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -137,13 +209,29 @@ class ResultsDB:
         self.path = Path(path)
         self._conn = _connect(self.path)
         self._lock = threading.Lock()
-        with self._lock, self._conn:
+        with self._lock:
             self._conn.executescript(_SCHEMA)
-            row = self._conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            self._check_schema()
+
+    def _check_schema(self) -> None:
+        """Record the version of a new file, migrate an older one, refuse a newer one."""
+        conn = self._conn
+        row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is not None and row[0] == str(SCHEMA_VERSION):
+            return  # the common case takes no write lock (pool workers open the file as they start)
+        conn.execute("BEGIN IMMEDIATE")  # two processes opening one old file: one migrates, one waits
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
-                self._conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
+                conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] == "1":
+                _migrate_1_to_2(conn)
+            elif row[0] != str(SCHEMA_VERSION):
                 raise DBError(f"{self.path}: schema version {row[0]}, this program reads {SCHEMA_VERSION}")
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
 
     def close(self) -> None:
         with self._lock:
@@ -198,48 +286,91 @@ class ResultsDB:
 
     def runs(self) -> list[tuple[RunInfo, int]]:
         """Every run with its number of verdicts, newest first."""
+        return [(info, n) for info, n, _ in self.run_counts()]
+
+    def run_counts(self) -> list[tuple[RunInfo, int, int]]:
+        """Every run with its number of verdicts and of judge failures, newest first."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT r.name, COUNT(v.task_id) FROM runs r LEFT JOIN verdicts v ON v.run = r.name "
-                "GROUP BY r.name ORDER BY r.created_at DESC").fetchall()
-            return [(self._run(name), count) for name, count in rows]
+                "SELECT r.name, (SELECT COUNT(*) FROM verdicts v WHERE v.run = r.name), "
+                "(SELECT COUNT(*) FROM judge_failures f WHERE f.run = r.name) FROM runs r "
+                "ORDER BY r.created_at DESC").fetchall()
+            return [(self._run(name), n, k) for name, n, k in rows]
 
     # -------------------------------------------------------------------------------- verdicts
-    def finished(self, run: str) -> set[tuple[str, str]]:
-        """(task id, candidate hash) pairs that already have a verdict in `run`."""
+    def finished(self, run: str) -> set[tuple[str, str, str]]:
+        """(task id, task name, candidate hash) of the pairs that already have a verdict in `run`
+        (a pair with only a judge failure is not finished: a resumed run tries it again)."""
         with self._lock:
-            return {(a, b) for a, b in self._conn.execute(
-                "SELECT task_id, candidate_hash FROM verdicts WHERE run=?", (run,))}
+            return {(a, b, c) for a, b, c in self._conn.execute(
+                "SELECT task_id, task_name, candidate_hash FROM verdicts WHERE run=?", (run,))}
+
+    def _store_candidate(self, candidate: Candidate) -> None:
+        self._conn.execute(
+            "INSERT OR IGNORE INTO candidates VALUES (?, ?, ?, ?, ?)",
+            (candidate.hash, candidate.kind, candidate.origin, candidate.model_new,
+             json.dumps([list(k) for k in candidate.kernels])))
 
     def add_verdict(self, run: str, task: Task, candidate: Candidate, verdict: Verdict) -> None:
-        """Store a verdict and its candidate's source in one transaction, committed on return."""
+        """Store a verdict and its candidate's source in one transaction, committed on return; a
+        judge failure recorded earlier for the same pair is replaced by it."""
         failure = verdict.failure.category.value if verdict.failure else None
         with self._lock, self._conn:
+            self._store_candidate(candidate)
             self._conn.execute(
-                "INSERT OR IGNORE INTO candidates VALUES (?, ?, ?, ?, ?)",
-                (candidate.hash, candidate.kind, candidate.origin, candidate.model_new,
-                 json.dumps([list(k) for k in candidate.kernels])))
-            self._conn.execute(
-                "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run, task.id, candidate.hash, task.name, task.group, task.origin, task.level,
                  int(verdict.compiled), int(verdict.correct), verdict.reward, failure, verdict.runtime_ms,
                  verdict.eager_ms, verdict.compile_ms, verdict.speedup_vs_eager, verdict.speedup_vs_compile,
-                 verdict.judge_s, time.time(), verdict.model_dump_json()))
+                 verdict.judge_s, time.time(), verdict.model_dump_json(), candidate.origin))
+            self._conn.execute("DELETE FROM judge_failures WHERE run=? AND task_id=? AND task_name=? AND "
+                               "candidate_hash=?", (run, task.id, task.name, candidate.hash))
 
-    def verdicts(self, run: str, *, latest_per_task: bool = True) -> list[StoredVerdict]:
-        """The run's verdicts in the order they finished. With `latest_per_task`, one per task: the
-        last one judged (a run resumed after its solutions changed holds older candidates too)."""
+    def add_failure(self, run: str, task: Task, candidate: Candidate, category: str, message: str) -> StoredFailure:
+        """Record that the judge could not judge this pair (see `StoredFailure`), committed on return."""
+        rec = StoredFailure(run=run, task_id=task.id, task_name=task.name, task_group=task.group,
+                            task_origin=task.origin, level=task.level, candidate_hash=candidate.hash,
+                            finished_at=time.time(), solution=candidate.origin, category=category, message=message)
+        with self._lock, self._conn:
+            self._store_candidate(candidate)
+            self._conn.execute(
+                "INSERT OR REPLACE INTO judge_failures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run, rec.task_id, rec.candidate_hash, rec.task_name, rec.task_group, rec.task_origin, rec.level,
+                 rec.solution, rec.category, rec.message, rec.finished_at))
+        return rec
+
+    def records(self, run: str, *, latest_per_solution: bool = True) -> list[StoredVerdict | StoredFailure]:
+        """Every (task, candidate) pair of the run, a verdict or a judge failure, in the order they
+        finished. With `latest_per_solution`, a pair is left out when a later pair has the same
+        task and the same solution (the solution changed between two invocations of the run)."""
         with self._lock:
             rows = self._conn.execute(
                 "SELECT run, task_id, task_name, task_group, task_origin, level, candidate_hash, finished_at, "
-                "verdict FROM verdicts WHERE run=? ORDER BY finished_at, rowid", (run,)).fetchall()
-        out = [StoredVerdict(run=r[0], task_id=r[1], task_name=r[2], task_group=r[3], task_origin=r[4],
-                             level=r[5], candidate_hash=r[6], finished_at=r[7],
-                             verdict=Verdict.model_validate_json(r[8])) for r in rows]
-        if latest_per_task:
-            last = {v.task_id: v for v in out}
-            out = [v for v in out if last[v.task_id] is v]
+                "verdict, solution FROM verdicts WHERE run=? ORDER BY finished_at, rowid", (run,)).fetchall()
+            failed = self._conn.execute(
+                "SELECT run, task_id, task_name, task_group, task_origin, level, candidate_hash, finished_at, "
+                "solution, category, message FROM judge_failures WHERE run=? ORDER BY finished_at, rowid",
+                (run,)).fetchall()
+        out: list[StoredVerdict | StoredFailure] = [
+            StoredVerdict(run=r[0], task_id=r[1], task_name=r[2], task_group=r[3], task_origin=r[4], level=r[5],
+                          candidate_hash=r[6], finished_at=r[7], verdict=Verdict.model_validate_json(r[8]),
+                          solution=r[9]) for r in rows]
+        out += [StoredFailure(run=r[0], task_id=r[1], task_name=r[2], task_group=r[3], task_origin=r[4], level=r[5],
+                              candidate_hash=r[6], finished_at=r[7], solution=r[8], category=r[9], message=r[10])
+                for r in failed]
+        out.sort(key=lambda rec: rec.finished_at)
+        if latest_per_solution:
+            last = {(r.task_id, r.task_name, r.solution): r for r in out}
+            out = [r for r in out if last[(r.task_id, r.task_name, r.solution)] is r]
         return out
+
+    def verdicts(self, run: str, *, latest_per_solution: bool = True) -> list[StoredVerdict]:
+        """The run's verdicts (one per pair judged; see `records`)."""
+        return [r for r in self.records(run, latest_per_solution=latest_per_solution) if isinstance(r, StoredVerdict)]
+
+    def failures(self, run: str, *, latest_per_solution: bool = True) -> list[StoredFailure]:
+        """The run's pairs the judge could not judge (see `records`)."""
+        return [r for r in self.records(run, latest_per_solution=latest_per_solution) if isinstance(r, StoredFailure)]
 
     def candidate(self, hash_: str) -> Candidate | None:
         with self._lock:

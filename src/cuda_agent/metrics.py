@@ -1,7 +1,18 @@
-"""Benchmark metrics as pure functions of per-task outcomes: CUDA Agent's Table 1 and KernelBench's fast_p.
+"""Benchmark metrics as pure functions of per-pair outcomes: CUDA Agent's Table 1 and KernelBench's fast_p.
 
-Per level and overall, over the tasks counted (every task that was judged; with
-`count_missing`, tasks without a solution too, as failures):
+What is counted: one outcome per (task, candidate) pair of a run. A task with two candidates (two
+solutions of the same reference source) counts twice in the per-pair rows. A pair the judge could
+not judge (its baseline or reference failed, or the pool broke under it) counts as not correct and
+enters the geomeans at 1.0, like a failed candidate, and is also counted apart (`n_judge_errors`):
+it is a failure of the task or of the judge, not of the candidate. With `count_missing`, a task
+without a solution is one more failed outcome.
+
+When some task has more than one outcome, a second table counts each task once by its best
+candidate (`best_of`): correct when any candidate is, with the largest speed-up vs eager among its
+correct candidates (and that candidate's speed-up vs torch.compile). When every task has one
+outcome the two tables are the same and `best_of` is None.
+
+Per level and overall, over the outcomes counted:
 
 * pass rate: correct / counted;
 * faster-than-eager rate and faster-than-compile rate: correct and speed-up > 1 / counted;
@@ -27,10 +38,13 @@ FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 FAILURE_SPEEDUP = 1.0  # how a failed task enters the geomeans (see the module docstring)
 GEOMEAN_NOTE = ("geomean speed-ups count every task; a failed task (or one without a solution, "
                 "when counted) enters with speed-up 1.0, as if the reference ran in its place")
+COUNTING_NOTE = ("Each (task, candidate) pair is one row and counts once; a pair the judge could not judge "
+                 "(baseline, reference, judge or pool failure) counts as not correct and is listed apart. "
+                 "'best of' rows count each task once, by its best candidate.")
 
 
 class Outcome(BaseModel):
-    """What the metrics need from one task's verdict."""
+    """What the metrics need from one (task, candidate) pair."""
 
     model_config = ConfigDict(frozen=True)
     level: int | None
@@ -38,18 +52,25 @@ class Outcome(BaseModel):
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
     has_compile_baseline: bool = False  # a torch.compile time existed for this task
+    task: str | None = None             # the task (its id) the pair belongs to, for best-of; None: its own
+    judge_error: bool = False           # the judge could not judge the pair (no verdict)
 
     @classmethod
-    def of(cls, verdict, level: int | None) -> "Outcome":
+    def of(cls, verdict, level: int | None, task: str | None = None) -> "Outcome":
         """From a `Verdict` (duck-typed: keeps this module free of judge imports)."""
         return cls(level=level, correct=bool(verdict.correct), speedup_vs_eager=verdict.speedup_vs_eager,
                    speedup_vs_compile=verdict.speedup_vs_compile,
-                   has_compile_baseline=verdict.compile_ms is not None)
+                   has_compile_baseline=verdict.compile_ms is not None, task=task)
 
     @classmethod
-    def missing(cls, level: int | None) -> "Outcome":
+    def missing(cls, level: int | None, task: str | None = None) -> "Outcome":
         """A task with no solution, counted as a failure."""
-        return cls(level=level, correct=False)
+        return cls(level=level, correct=False, task=task)
+
+    @classmethod
+    def unjudged(cls, level: int | None, task: str | None = None) -> "Outcome":
+        """A pair the judge could not judge (a failed baseline, a broken reference, a broken pool)."""
+        return cls(level=level, correct=False, task=task, judge_error=True)
 
 
 class Metrics(BaseModel):
@@ -59,6 +80,7 @@ class Metrics(BaseModel):
     label: str
     n: int
     n_correct: int
+    n_judge_errors: int = 0                           # counted in n as not correct; no verdict
     pass_rate: float
     faster_than_eager_rate: float
     faster_than_compile_rate: float | None
@@ -71,8 +93,11 @@ class Metrics(BaseModel):
 
 class MetricsTable(BaseModel):
     model_config = ConfigDict(frozen=True)
-    levels: list[Metrics]   # one per level, in level order ("level N", or "no level")
+    levels: list[Metrics]   # one per level, in level order ("level N", or "no level"); one outcome per pair
     overall: Metrics
+    n_tasks: int = 0        # distinct tasks among the outcomes
+    best_of_levels: list[Metrics] | None = None   # one outcome per task, its best candidate; None when
+    best_of_overall: Metrics | None = None        # every task has one outcome (the same numbers)
 
 
 def geomean(xs: Iterable[float]) -> float | None:
@@ -101,7 +126,8 @@ def metrics(outcomes: Sequence[Outcome], label: str = "overall") -> Metrics:
     eager_ok = [o.speedup_vs_eager for o in correct if o.speedup_vs_eager]
     compile_ok = [o.speedup_vs_compile for o in correct if o.speedup_vs_compile]
     return Metrics(
-        label=label, n=n, n_correct=len(correct), pass_rate=rate(len(correct)),
+        label=label, n=n, n_correct=len(correct), n_judge_errors=sum(o.judge_error for o in outcomes),
+        pass_rate=rate(len(correct)),
         faster_than_eager_rate=rate(sum((o.speedup_vs_eager or 0) > 1.0 for o in correct)),
         faster_than_compile_rate=rate(sum((o.speedup_vs_compile or 0) > 1.0 for o in correct)) if with_compile else None,
         geomean_speedup_vs_eager=geomean(speed(o, "speedup_vs_eager") for o in outcomes) if n else None,
@@ -118,9 +144,36 @@ def level_label(level: int | None) -> str:
     return f"level {level}" if level is not None else "no level"
 
 
-def metrics_table(outcomes: Sequence[Outcome]) -> MetricsTable:
-    """Table 1: one row per level (in order; tasks without a level last) and the overall row."""
+def _by_level(outcomes: Sequence[Outcome]) -> tuple[list[Metrics], Metrics]:
     levels = sorted({o.level for o in outcomes}, key=lambda lv: (lv is None, lv or 0))
-    return MetricsTable(
-        levels=[metrics([o for o in outcomes if o.level == lv], level_label(lv)) for lv in levels],
-        overall=metrics(outcomes, "overall"))
+    return ([metrics([o for o in outcomes if o.level == lv], level_label(lv)) for lv in levels],
+            metrics(outcomes, "overall"))
+
+
+def best_of(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """One outcome per task (outcomes with `task` None stay apart): its correct candidate with the
+    largest speed-up vs eager; with none correct, a failure (a judge error only when no candidate of
+    the task was judged at all)."""
+    groups: dict[object, list[Outcome]] = {}
+    for i, o in enumerate(outcomes):
+        groups.setdefault(o.task if o.task is not None else ("own", i), []).append(o)
+    out = []
+    for group in groups.values():
+        correct = [o for o in group if o.correct]
+        if correct:
+            best = max(correct, key=lambda o: o.speedup_vs_eager or 0.0)
+        else:
+            best = Outcome(level=group[0].level, correct=False, task=group[0].task,
+                           judge_error=all(o.judge_error for o in group))
+        out.append(best.model_copy(update={"has_compile_baseline": any(o.has_compile_baseline for o in group)}))
+    return out
+
+
+def metrics_table(outcomes: Sequence[Outcome]) -> MetricsTable:
+    """Table 1 per pair: one row per level (in order; tasks without a level last) and the overall
+    row; and the same per task, best candidate, when some task has several outcomes."""
+    levels, overall = _by_level(outcomes)
+    best = best_of(outcomes)
+    best_levels, best_overall = _by_level(best) if len(best) < len(outcomes) else (None, None)
+    return MetricsTable(levels=levels, overall=overall, n_tasks=len(best), best_of_levels=best_levels,
+                        best_of_overall=best_overall)

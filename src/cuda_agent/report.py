@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
@@ -42,61 +44,104 @@ def fmt_pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def verdict_table(verdicts: list, title: str) -> Table:
-    """One row per task; `verdicts` are `StoredVerdict`s (a verdict with its task's level)."""
+def message_summary(message: str, width: int = 60) -> str:
+    """The first line of a message, and its last one when there are more (a traceback names the
+    error on its last line)."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return lines[0][:width]
+    return f"{lines[0][:width]} ... {lines[-1][:width]}"
+
+
+def solution_label(origin: str) -> str:
+    """A candidate's origin as a short name: the file or folder name."""
+    return Path(origin.rstrip("/")).name if origin else "-"
+
+
+def verdict_table(records: list, title: str) -> Table:
+    """One row per (task, candidate) pair: `records` are `StoredVerdict`s (a verdict with its task's
+    level) and `StoredFailure`s (a pair the judge could not judge, shown with its category)."""
     table = Table(title=title)
-    for col in ("task", "level", "compiled", "correct", "runtime ms", "eager ms", "compile ms",
+    for col in ("task", "solution", "level", "compiled", "correct", "runtime ms", "eager ms", "compile ms",
                 "vs eager", "vs compile", "reward", "failure"):
         table.add_column(col, justify="right" if "ms" in col or col.startswith("vs") else "left")
-    for sv in verdicts:
-        v = sv.verdict
-        table.add_row(v.task_name, "" if sv.level is None else str(sv.level), "yes" if v.compiled else "no",
+    for rec in records:
+        level = "" if rec.level is None else str(rec.level)
+        solution = solution_label(getattr(rec, "solution", ""))
+        v = getattr(rec, "verdict", None)
+        if v is None:  # the judge could not judge this pair
+            table.add_row(rec.task_name, solution, level, "-", "[red]no[/red]", "-", "-", "-", "-", "-", "-",
+                          f"[red]not judged, {rec.category}[/red]: " + message_summary(rec.message))
+            continue
+        table.add_row(v.task_name, solution, level, "yes" if v.compiled else "no",
                       "[green]yes[/green]" if v.correct else "[red]no[/red]", fmt_ms(v.runtime_ms), fmt_ms(v.eager_ms),
                       fmt_ms(v.compile_ms), fmt_x(v.speedup_vs_eager), fmt_x(v.speedup_vs_compile), f"{v.reward:g}",
-                      (v.failure.category.value + ": " + v.failure.message.splitlines()[0][:60]) if v.failure else "")
+                      (v.failure.category.value + ": " + message_summary(v.failure.message)) if v.failure else "")
     return table
 
 
 def metrics_footnote(count_missing: bool, n_missing: int) -> str:
-    from cuda_agent.metrics import GEOMEAN_NOTE
+    from cuda_agent.metrics import COUNTING_NOTE, GEOMEAN_NOTE
 
     counted = ("tasks without a solution count as failures" if count_missing
                else "tasks without a solution are not counted")
-    return (f"Rates are over the tasks counted; {counted} ({n_missing} without one). {GEOMEAN_NOTE}; "
+    return (f"{COUNTING_NOTE} Rates are over the pairs counted; {counted} ({n_missing} without one). {GEOMEAN_NOTE}; "
             "'correct only' is the geomean over correct tasks alone. fast_p: correct and > p x eager.")
 
 
 def metrics_tables(table, *, count_missing: bool = False, n_missing: int = 0) -> list[Table]:
-    """CUDA Agent's Table 1 (per level and overall) and KernelBench's fast_p, as rich tables."""
+    """CUDA Agent's Table 1 (per level and overall) and KernelBench's fast_p, as rich tables: per
+    (task, candidate) pair, and per task by its best candidate when some task has several."""
     from cuda_agent.metrics import FAST_P, fast_p_key
 
-    rows = table.levels + [table.overall]
-    t1 = Table(title="CUDA Agent Table 1 metrics", caption=metrics_footnote(count_missing, n_missing))
-    for col in ("", "tasks", "pass rate", "faster than eager", "faster than compile", "geomean vs eager",
-                "geomean vs compile", "vs eager (correct only)", "vs compile (correct only)"):
-        t1.add_column(col, justify="left" if not col else "right")
-    for m in rows:
-        t1.add_row(m.label, str(m.n), fmt_pct(m.pass_rate), fmt_pct(m.faster_than_eager_rate),
-                   fmt_pct(m.faster_than_compile_rate), fmt_x(m.geomean_speedup_vs_eager),
-                   fmt_x(m.geomean_speedup_vs_compile), fmt_x(m.geomean_speedup_vs_eager_correct),
-                   fmt_x(m.geomean_speedup_vs_compile_correct), style="bold" if m.label == "overall" else None)
-    fp = Table(title="KernelBench fast_p (correct and speed-up vs eager > p)")
-    fp.add_column("")
-    for p in FAST_P:
-        fp.add_column(f"fast_{p:g}", justify="right")
-    for m in rows:
-        fp.add_row(m.label, *[fmt_pct(m.fast_p[fast_p_key(p)]) for p in FAST_P],
-                   style="bold" if m.label == "overall" else None)
-    return [t1, fp]
+    sets = [("per (task, candidate) pair", table.levels + [table.overall])]
+    if table.best_of_overall is not None:
+        sets.append((f"per task, best of its candidates ({table.n_tasks} tasks)",
+                     table.best_of_levels + [table.best_of_overall]))
+    out = []
+    for i, (unit, rows) in enumerate(sets):
+        t1 = Table(title=f"CUDA Agent Table 1 metrics, {unit}",
+                   caption=metrics_footnote(count_missing, n_missing) if i == len(sets) - 1 else None)
+        for col in ("", "pairs" if i == 0 else "tasks", "pass rate", "not judged", "faster than eager",
+                    "faster than compile", "geomean vs eager", "geomean vs compile", "vs eager (correct only)",
+                    "vs compile (correct only)"):
+            t1.add_column(col, justify="left" if not col else "right")
+        for m in rows:
+            t1.add_row(m.label, str(m.n), fmt_pct(m.pass_rate), str(m.n_judge_errors), fmt_pct(m.faster_than_eager_rate),
+                       fmt_pct(m.faster_than_compile_rate), fmt_x(m.geomean_speedup_vs_eager),
+                       fmt_x(m.geomean_speedup_vs_compile), fmt_x(m.geomean_speedup_vs_eager_correct),
+                       fmt_x(m.geomean_speedup_vs_compile_correct), style="bold" if m.label == "overall" else None)
+        fp = Table(title=f"KernelBench fast_p (correct and speed-up vs eager > p), {unit}")
+        fp.add_column("")
+        for p in FAST_P:
+            fp.add_column(f"fast_{p:g}", justify="right")
+        for m in rows:
+            fp.add_row(m.label, *[fmt_pct(m.fast_p[fast_p_key(p)]) for p in FAST_P],
+                       style="bold" if m.label == "overall" else None)
+        out += [t1, fp]
+    return out
 
 
-def summary_lines(table) -> list[str]:
+def summary_lines(table, judge_failures: dict[str, int] | None = None) -> list[str]:
+    """The run in a few lines. `judge_failures`: category -> pairs the judge could not judge."""
     m = table.overall
     if not m.n:
         return ["no tasks judged"]
-    return [
-        f"pass rate {m.n_correct}/{m.n} ({100 * m.pass_rate:.1f}%), faster than eager {fmt_pct(m.faster_than_eager_rate)}, "
+    lines = [
+        f"pass rate {m.n_correct}/{m.n} ({100 * m.pass_rate:.1f}%) of (task, candidate) pairs, "
+        f"faster than eager {fmt_pct(m.faster_than_eager_rate)}, "
         f"faster than torch.compile {fmt_pct(m.faster_than_compile_rate)}",
         f"geomean speed-up (failures as 1.0x): {fmt_x(m.geomean_speedup_vs_eager)} vs eager, "
         f"{fmt_x(m.geomean_speedup_vs_compile)} vs torch.compile",
     ]
+    if table.best_of_overall is not None:
+        b = table.best_of_overall
+        lines.append(f"best candidate per task: pass rate {b.n_correct}/{b.n} ({100 * b.pass_rate:.1f}%), "
+                     f"geomean {fmt_x(b.geomean_speedup_vs_eager)} vs eager")
+    if m.n_judge_errors:
+        detail = ", ".join(f"{k}: {n}" for k, n in sorted((judge_failures or {}).items()))
+        lines.append(f"not judged (counted as not correct): {m.n_judge_errors} pair{'s' if m.n_judge_errors != 1 else ''}"
+                     + (f" ({detail})" if detail else ""))
+    return lines

@@ -2,7 +2,8 @@
 
 Contents: the run's settings, CUDA Agent's Table 1 per level with KernelBench's fast_p, plots of
 the speed-up distribution and of fast_p over p (SVG made by matplotlib, embedded as data URIs), a
-row per task (verdict, times, speed-ups, reward, and the solution's source inline, collapsible),
+row per (task, candidate) pair (verdict, times, speed-ups, reward, and the solution's source inline,
+collapsible; a pair the judge could not judge is a row with its category and message),
 and, for two runs, the metrics side by side, a per-task comparison and a scatter of speed-ups.
 Nothing is fetched when the file is opened: no scripts, fonts or images from elsewhere. The small
 inline script only sorts and filters tables.
@@ -19,9 +20,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from cuda_agent.db import ResultsDB, RunInfo, StoredVerdict
-from cuda_agent.metrics import FAST_P, GEOMEAN_NOTE, MetricsTable, Outcome, fast_p_key, metrics_table
-from cuda_agent.report import fmt_ms, fmt_pct, fmt_x
+from cuda_agent.db import ResultsDB, RunInfo, StoredFailure, StoredVerdict
+from cuda_agent.metrics import (COUNTING_NOTE, FAST_P, GEOMEAN_NOTE, MetricsTable, Outcome, fast_p_key,
+                               metrics_table)
+from cuda_agent.report import fmt_ms, fmt_pct, fmt_x, solution_label
 
 TEMPLATE = "report.html.j2"
 
@@ -30,14 +32,16 @@ class TaskRow(BaseModel):
     task_id: str
     name: str
     level: int | None
-    status: str                  # "correct" or the failure category
+    status: str                  # "correct", the failure category, or "not judged: <category>"
     correct: bool
+    judged: bool = True          # False: the judge could not judge this pair (no verdict)
+    solution: str = ""           # the solution's name (file or folder)
     runtime_ms: float | None
     eager_ms: float | None
     compile_ms: float | None
     speedup_vs_eager: float | None
     speedup_vs_compile: float | None
-    reward: float
+    reward: float | None
     reward_reason: str
     build_s: float | None
     judge_s: float | None
@@ -54,11 +58,14 @@ class RunView(BaseModel):
     rows: list[TaskRow]
     table: MetricsTable
     n_missing: int
-    failures: dict[str, int]
+    n_tasks: int                 # distinct tasks among the rows
+    failures: dict[str, int]     # candidate failures: category -> pairs
+    judge_failures: dict[str, int]   # pairs the judge could not judge: category -> pairs
 
 
 class CompareRow(BaseModel):
     name: str
+    solution: str
     level: int | None
     a: TaskRow | None
     b: TaskRow | None
@@ -70,19 +77,26 @@ def load_run(db: ResultsDB, name: str, *, count_missing: bool = False) -> RunVie
     if info is None:
         known = ", ".join(r.name for r, _ in db.runs()) or "none"
         raise KeyError(f"no run named {name!r} in {db.path} (runs: {known})")
-    stored = db.verdicts(name)
-    stored.sort(key=lambda v: (v.level is None, v.level or 0, _natural(v.task_name)))
+    stored = db.records(name)
+    stored.sort(key=lambda v: (v.level is None, v.level or 0, _natural(v.task_name), v.solution))
     rows = [_row(db, v) for v in stored]
     missing = info.info.get("missing") or []
-    outcomes = [Outcome.of(v.verdict, v.level) for v in stored]
+    outcomes = [Outcome.of(v.verdict, v.level, v.task_id) if isinstance(v, StoredVerdict)
+                else Outcome.unjudged(v.level, v.task_id) for v in stored]
     if count_missing:
-        outcomes += [Outcome.missing(m.get("level")) for m in missing]
+        outcomes += [Outcome.missing(m.get("level"), m.get("id")) for m in missing]
     failures: dict[str, int] = {}
-    for r in rows:
-        if not r.correct:
-            failures[r.status] = failures.get(r.status, 0) + 1
-    return RunView(info=info, device_names=sorted({v.verdict.device_name for v in stored if v.verdict.device_name}),
-                   rows=rows, table=metrics_table(outcomes), n_missing=len(missing), failures=failures)
+    judge_failures: dict[str, int] = {}
+    for v in stored:
+        if isinstance(v, StoredFailure):
+            judge_failures[v.category] = judge_failures.get(v.category, 0) + 1
+        elif not v.verdict.correct:
+            key = v.verdict.failure.category.value if v.verdict.failure else "incorrect"
+            failures[key] = failures.get(key, 0) + 1
+    return RunView(info=info, device_names=sorted({v.verdict.device_name for v in stored
+                                                   if isinstance(v, StoredVerdict) and v.verdict.device_name}),
+                   rows=rows, table=metrics_table(outcomes), n_missing=len(missing),
+                   n_tasks=len({v.task_id for v in stored}), failures=failures, judge_failures=judge_failures)
 
 
 def _natural(name: str) -> tuple:
@@ -90,20 +104,28 @@ def _natural(name: str) -> tuple:
     return (int(head), name) if head.isdigit() else (1 << 30, name)
 
 
-def _row(db: ResultsDB, sv: StoredVerdict) -> TaskRow:
-    v = sv.verdict
+def _row(db: ResultsDB, sv: StoredVerdict | StoredFailure) -> TaskRow:
     cand = db.candidate(sv.candidate_hash)
     sources: list[tuple[str, str]] = []
-    origin = ""
+    origin = sv.solution
     if cand is not None:
-        origin = cand.origin
-        sources.append(("model_new.py" if cand.kind == "workspace" else Path(cand.origin).name or "solution.py",
+        origin = origin or cand.origin
+        sources.append(("model_new.py" if cand.kind == "workspace" else Path(origin).name or "solution.py",
                         cand.model_new))
         sources += [(f"kernels/{rel}", src) for rel, src in cand.kernels]
+    if isinstance(sv, StoredFailure):
+        return TaskRow(task_id=sv.task_id, name=sv.task_name, level=sv.level, status=f"not judged: {sv.category}",
+                       correct=False, judged=False, solution=solution_label(origin), runtime_ms=None, eager_ms=None,
+                       compile_ms=None, speedup_vs_eager=None, speedup_vs_compile=None, reward=None,
+                       reward_reason=f"the judge could not judge this pair ({sv.category})", build_s=None,
+                       judge_s=None, message=sv.message, notes=[], candidate_hash=sv.candidate_hash, origin=origin,
+                       sources=sources)
+    v = sv.verdict
     return TaskRow(task_id=sv.task_id, name=sv.task_name, level=sv.level,
                    status="correct" if v.correct else (v.failure.category.value if v.failure else "incorrect"),
-                   correct=v.correct, runtime_ms=v.runtime_ms, eager_ms=v.eager_ms, compile_ms=v.compile_ms,
-                   speedup_vs_eager=v.speedup_vs_eager, speedup_vs_compile=v.speedup_vs_compile, reward=v.reward,
+                   correct=v.correct, solution=solution_label(origin), runtime_ms=v.runtime_ms, eager_ms=v.eager_ms,
+                   compile_ms=v.compile_ms, speedup_vs_eager=v.speedup_vs_eager,
+                   speedup_vs_compile=v.speedup_vs_compile, reward=v.reward,
                    reward_reason=v.reward_reason, build_s=v.build_s, judge_s=v.judge_s,
                    message=v.failure.message if v.failure else "", notes=v.task_warnings + v.notes,
                    candidate_hash=sv.candidate_hash, origin=origin, sources=sources)
@@ -174,9 +196,9 @@ def fast_p_curve(views: list[RunView]) -> str:
 def compare_scatter(a: RunView, b: RunView) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
-    rows_b = {r.name: r for r in b.rows}
-    pairs = [(r.speedup_vs_eager, rows_b[r.name].speedup_vs_eager) for r in a.rows
-             if r.name in rows_b and r.speedup_vs_eager and rows_b[r.name].speedup_vs_eager]
+    rows_b = {(r.name, r.solution): r for r in b.rows}
+    pairs = [(r.speedup_vs_eager, rows_b[(r.name, r.solution)].speedup_vs_eager) for r in a.rows
+             if (r.name, r.solution) in rows_b and r.speedup_vs_eager and rows_b[(r.name, r.solution)].speedup_vs_eager]
     if pairs:
         xs, ys = zip(*pairs)
         ax.scatter(xs, ys, s=18)
@@ -193,17 +215,18 @@ def compare_scatter(a: RunView, b: RunView) -> str:
 
 # ----------------------------------------------------------------------------------------- render
 def compare_rows(a: RunView, b: RunView) -> list[CompareRow]:
-    rows_a = {r.name: r for r in a.rows}
-    rows_b = {r.name: r for r in b.rows}
-    names = list(rows_a) + [n for n in rows_b if n not in rows_a]
+    """One row per (task name, solution name) found in either run."""
+    rows_a = {(r.name, r.solution): r for r in a.rows}
+    rows_b = {(r.name, r.solution): r for r in b.rows}
+    keys = list(rows_a) + [k for k in rows_b if k not in rows_a]
     out = []
-    for n in names:
-        ra, rb = rows_a.get(n), rows_b.get(n)
+    for k in keys:
+        ra, rb = rows_a.get(k), rows_b.get(k)
         ratio = None
         if ra and rb and ra.speedup_vs_eager and rb.speedup_vs_eager:
             ratio = rb.speedup_vs_eager / ra.speedup_vs_eager
-        out.append(CompareRow(name=n, level=(ra or rb).level, a=ra, b=rb, ratio=ratio))
-    out.sort(key=lambda r: (r.level is None, r.level or 0, _natural(r.name)))
+        out.append(CompareRow(name=k[0], solution=k[1], level=(ra or rb).level, a=ra, b=rb, ratio=ratio))
+    out.sort(key=lambda r: (r.level is None, r.level or 0, _natural(r.name), r.solution))
     return out
 
 
@@ -227,7 +250,7 @@ def render_report(db: ResultsDB, runs: list[str], *, count_missing: bool = False
         views=views, compare=compare_rows(views[0], views[1]) if len(views) == 2 else None,
         plots={"hist": speedup_histogram(views), "fastp": fast_p_curve(views),
                "scatter": compare_scatter(views[0], views[1]) if len(views) == 2 else None},
-        fast_p=[fast_p_key(p) for p in FAST_P], footnote=f"Rates are over the tasks counted; {counted}. "
+        fast_p=[fast_p_key(p) for p in FAST_P], footnote=f"{COUNTING_NOTE} Rates are over the pairs counted; {counted}. "
         f"{GEOMEAN_NOTE}; 'correct only' is the geomean over correct tasks alone. fast_p: correct and "
         "speed-up vs eager > p (KernelBench).",
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), db=str(db.path),
