@@ -2,7 +2,8 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier, steps, filestep, start, bench, throughput, synth, probe; A+B runs A, then B.
+# Stages: smoke, tier, timing, fidelity, steps, filestep, start, bench, throughput, synth, probe;
+# A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
 # DEADLINE (seconds since the epoch) shortens the synth stage's generation to end before it.
@@ -64,6 +65,22 @@ case "$stage" in
       > "$out/gpu_tier.log" 2>&1
     echo "tier rc=$? after $(( $(date +%s) - t0 )) s"
     grep -E "passed|failed|^FAILED|^ERROR|s call " "$out/gpu_tier.log" | tail -60
+    ;;
+  timing)
+    # The judge's runtimes beside Nsight Compute's, alone and with every other core busy.
+    timeout ${TIMING_TIMEOUT:-300} python3 benchmarks/timing_check.py --out "$out" ${TIMING_ARGS:---load-all} \
+      > "$out/timing_check.log" 2>&1
+    echo "timing_check rc=$?"; grep -v "^ *$" "$out/timing_check.log" | cut -c1-400 | tail -30
+    ;;
+  fidelity)
+    # Published KernelBench solutions (the leaderboard corpus carried in .corpus/, never committed),
+    # judged in parts: each call stops submitting after FID_BUDGET minutes; a rerun on the same
+    # machine continues from $out/fidelity (keep the cache: CUDA_AGENT_CACHE stays in the tree).
+    timeout ${FID_TIMEOUT:-560} python3 benchmarks/fidelity.py --corpus .corpus --out "${FID_OUT:-.fidelity}" \
+      --time-budget ${FID_BUDGET:-7} ${FID_ARGS:-} > "$out/fidelity.log" 2>&1
+    echo "fidelity rc=$?"
+    cp "${FID_OUT:-.fidelity}"/fidelity.md "${FID_OUT:-.fidelity}"/fidelity.json "${FID_OUT:-.fidelity}"/verdicts.jsonl "$out/" 2>/dev/null
+    grep -v "━" "$out/fidelity.log" | cut -c1-300 | tail -60
     ;;
   plane)
     timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
