@@ -147,6 +147,11 @@ def _extension_names(tree: ast.Module) -> tuple[set[str], set[str]]:
 def _strict_forward_checks(tree: ast.Module) -> list[str]:
     out = []
     ext_names, ext_attrs = _extension_names(tree)
+    # `math.sqrt(fan_in)` is Python's math, not tensor compute, where the name is never rebound
+    rebound = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+               for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    python_math = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+                   for a in n.names if a.name == "math"} - rebound
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "Model":
             out.append(f"line {node.lineno}: the reference Model may not be used (no fallback)")
@@ -163,6 +168,8 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
                 root = head.split(".")
                 if root[0] in ext_names or (root[0] == "self" and len(root) > 1 and root[1] in ext_attrs):
                     continue  # the candidate's own extension
+                if head in python_math:
+                    continue
                 if head in {"torch", "torch.nn.functional", "F", "nn.functional", "torch.special",
                             "torch.linalg", "torch.fft"} and last not in TORCH_CREATION:
                     out.append(f"line {call.lineno}: PyTorch compute '{name}' in {fn.name} (strict policy)")
