@@ -21,10 +21,10 @@ import re
 # Python
 
 ALLOWED_IMPORTS_STRICT = {"torch", "torch.nn", "torch.utils.cpp_extension", "math", "typing",
-                          "__future__", "cuda_extension", "dataclasses", "functools"}
+                          "__future__", "cuda_extension", "dataclasses", "functools", "collections.abc",
+                          "torch.nn.init", "torch.nn.modules.utils", "torch.nn.parameter"}
 ALLOWED_IMPORTS_LENIENT = ALLOWED_IMPORTS_STRICT | {"torch.nn.functional", "model", "numpy", "einops",
-                                                    "operator", "itertools", "collections", "collections.abc",
-                                                    "torch.nn.init", "torch.nn.modules.utils", "torch.nn.parameter"}
+                                                    "operator", "itertools", "collections"}
 # Builtins that run code the AST cannot see, reach the interpreter's namespaces or change objects
 # by a computed name. `getattr` is not among them: it is checked where it is called (a literal
 # name like any attribute; a computed one only on the candidate's own `self` under the strict
