@@ -35,16 +35,36 @@ from .sandbox import SandboxSpec, Sandboxed, pin_threads, python_argv
 
 INFRA = files("cuda_agent") / "infra"
 
-# Flags a candidate may pass to load_inline. Anything else (plugins, linker scripts, wraps,
-# arbitrary -Wl options) is refused with a message.
+# Flags a candidate may pass to load_inline: optimisation, language standard, warnings, debug
+# info, macros, target architecture and nvcc's numeric modes. None of them loads other code
+# (plugins, linker scripts, -Wl wraps, -include), moves the include or library search paths
+# (-I, -L, -isystem, --sysroot) or links a library beyond the vendor ones the binary check
+# judges per symbol. Anything else is refused with a message.
+_HOST_FLAG = (r"-O[0-3sz]?|-Ofast|-g[0-3]?|-std=(c|gnu)\+\+\d\d|-D[A-Za-z_]\w*(=[\w.+-]*)?|-U[A-Za-z_]\w*"
+              r"|-f(no-)?(openmp|fast-math|unroll-loops|unroll-all-loops|strict-aliasing|tree-vectorize|PIC|pic"
+              r"|math-errno|finite-math-only|omit-frame-pointer|inline-functions|vectorize|slp-vectorize"
+              r"|rounding-math|signed-zeros|trapping-math|associative-math|reciprocal-math|exceptions)"
+              r"|-march=native|-mtune=native|-mavx2?|-mavx512\w*|-mfma|-mf16c|-msse\d(\.\d)?|-ffp-contract=\w+"
+              r"|-w|-Wall|-Wextra|-Wno-[\w-]+|-pthread|-fopenmp-simd")
 _SAFE_FLAG = re.compile(
-    r"^(-O[0-3s]?|-g|-lineinfo|--use_fast_math|-use_fast_math|-std=(c|gnu)\+\+\d\d|-D[A-Za-z_][A-Za-z0-9_]*(=[\w.+-]*)?"
-    r"|-U[A-Za-z_]\w*|-f(no-)?(openmp|fast-math|unroll-loops|strict-aliasing|tree-vectorize|PIC)"
-    r"|-march=native|-mtune=native|-mavx2?|-mavx512\w*|-mfma|-ffp-contract=\w+|-w|-Wall|-Wextra"
-    r"|--expt-relaxed-constexpr|--expt-extended-lambda|--extended-lambda|-Xptxas=?-v|-Xptxas=-O[0-3]"
-    r"|--ptxas-options=-v|-maxrregcount=\d+|--maxrregcount=\d+|-arch=sm_\d+a?|-gencode=arch=compute_\d+a?,code=(sm|compute)_\d+a?"
-    r"|--gpu-architecture=sm_\d+a?|-res-usage|--resource-usage|-Xcompiler=?-fopenmp|-Xcompiler=?-O[0-3]"
-    r"|-lcublas|-lcublasLt|-lcudnn|-lgomp|-fopenmp|-lpthread)$")
+    rf"^({_HOST_FLAG}|-lineinfo|--generate-line-info|--use_fast_math|-use_fast_math|--std=c\+\+\d\d|-G"
+    r"|--restrict|-restrict|--expt-relaxed-constexpr|--expt-extended-lambda|--extended-lambda"
+    r"|-Xptxas=?-v|-Xptxas=-O[0-3]|--ptxas-options=-(v|O[0-3])|-maxrregcount=\d+|--maxrregcount=\d+"
+    r"|-arch=sm_\d+a?|-gencode=arch=compute_\d+a?,code=(sm|compute)_\d+a?|--gpu-architecture=sm_\d+a?"
+    r"|-res-usage|--resource-usage|-Xcompiler=?-fopenmp|-Xcompiler=?-O[0-3]|-Xcompiler=-march=native"
+    r"|-Xcompiler=-ffast-math|-Xcompiler=-funroll-loops|-Xcompiler=-Wall|-Xcompiler=-w"
+    r"|-?-ftz=(true|false)|-?-prec-div=(true|false)|-?-prec-sqrt=(true|false)|-?-fmad=(true|false)"
+    r"|--default-stream=per-thread|-lcublas|-lcublasLt|-lcudnn|-lgomp|-lpthread)$")
+# nvcc's two-token spellings (`-Xptxas -O3`, `-Xcompiler -fopenmp`): the option alone is harmless
+# only with one of these values right after it.
+_PAIRED = {"-Xptxas": re.compile(r"^(-v|-O[0-3])$"),
+           "-Xcompiler": re.compile(rf"^({_HOST_FLAG})$")}
+
+
+def clean_flags(flags) -> tuple[str, ...]:
+    """Flags as the compiler will see them: surrounding blanks stripped, empty entries dropped.
+    Published load_inline calls pass `extra_cflags=['']`, which torch's builder ignores too."""
+    return tuple(s for s in (str(f).strip() for f in (flags or ()) if f is not None) if s)
 
 
 class BuildError(Exception):
@@ -112,8 +132,19 @@ def library_imports(library: Path) -> list[str] | None:
 
 
 def check_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
-    """Flags that are not allowed (empty list if all are fine)."""
-    return [f for f in flags if not _SAFE_FLAG.match(str(f))]
+    """Flags that are not allowed (empty list if all are fine). Blank entries are no flags."""
+    flags = [str(f) for f in flags]
+    bad = []
+    i = 0
+    while i < len(flags):
+        f = flags[i].strip()
+        if f in _PAIRED and i + 1 < len(flags) and _PAIRED[f].match(flags[i + 1].strip()):
+            i += 2
+            continue
+        if f and not _SAFE_FLAG.match(f):
+            bad.append(flags[i])
+        i += 1
+    return bad
 
 
 def build_arch(device: str, arch: str | None) -> str | None:
@@ -186,8 +217,8 @@ def inline_spec(*, name: str, cpp_sources, cuda_sources, functions, cflags, cuda
         with_cuda = bool(cuda_sources)
     if not re.fullmatch(r"[A-Za-z_]\w{0,63}", str(name)):
         raise BuildError(f"invalid extension name {name!r}")
-    return BuildSpec(name=name, sources=tuple(sources), cflags=tuple(cflags or ()),
-                     cuda_cflags=tuple(cuda_cflags or ()), ldflags=tuple(ldflags or ()),
+    return BuildSpec(name=name, sources=tuple(sources), cflags=clean_flags(cflags),
+                     cuda_cflags=clean_flags(cuda_cflags), ldflags=clean_flags(ldflags),
                      with_cuda=bool(with_cuda), slot=f"inline-{name}")
 
 
@@ -221,7 +252,8 @@ class Builder:
         cached = self.lookup(spec)
         if cached:
             return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key)
-        bad = check_flags(spec.cflags + spec.cuda_cflags + spec.ldflags)
+        # each list on its own: a two-token flag must not pair across compiler and linker lines
+        bad = check_flags(spec.cflags) + check_flags(spec.cuda_cflags) + check_flags(spec.ldflags)
         if bad:
             raise BuildError(f"compiler/linker flags not allowed: {' '.join(bad)}")
         # One build per key at a time (across threads and processes): the same sources submitted

@@ -26,6 +26,18 @@ def default_device() -> str:
         return "cpu"
 
 
+def device_memory_mb(device: str) -> int:
+    """Total memory of the judge's device: the current GPU's on cuda, the host's on cpu (0 if unknown)."""
+    try:
+        if device == "cuda":
+            import torch
+
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory >> 20
+        return (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) >> 20
+    except Exception:  # no device to ask: the floor of output_limit_mb applies
+        return 0
+
+
 class JudgeConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -63,7 +75,17 @@ class JudgeConfig(BaseModel):
     total_timeout_s: float = Field(900.0, description="limit on judging one candidate")
     memory_limit_mb: int = Field(16384, description="host memory of the candidate process (RSS watchdog)")
     disk_limit_mb: int = Field(4096, description="disk space the candidate process may consume (watchdog)")
-    max_output_mb: int = Field(2048, description="largest total output the candidate may return per call")
+    max_output_mb: int | None = Field(
+        None, ge=1, description="largest total output of one call, in MiB (default: an eighth of the GPU's "
+                                "memory on cuda, of the host's on cpu, and at least 2048)")
+
+    def output_limit_mb(self) -> int:
+        """The output limit in force: the configured cap, else a share of the device's memory. The
+        judge holds the reference output, the candidate its own and the transport a third copy, so
+        an eighth leaves room for all of them and for the models themselves."""
+        if self.max_output_mb is not None:
+            return self.max_output_mb
+        return max(2048, device_memory_mb(self.device) // 8)
     cache_dir: Path = Field(default_factory=default_cache_dir,
                             description="builds, compiled extensions and cached baselines")
     cache_baselines: bool = Field(True, description="reuse eager/compile baseline timings per task and machine")

@@ -41,7 +41,7 @@ from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
 from .sandbox import (SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, pin_threads, python_argv,
                       work_root_dir)
-from .tensorio import TransportError, nbytes_of, pack, unpack
+from .tensorio import TransportError, nbytes_of, pack, packed_end, unpack
 from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
 
@@ -406,8 +406,11 @@ class Judge:
         with torch.no_grad():
             probe = _to_list(ref_model(*probe_inputs))
         out_bytes = nbytes_of(probe)
-        if out_bytes > cfg.max_output_mb << 20:
-            raise JudgeError(f"task {task.name}: reference output of {out_bytes >> 20} MiB exceeds max_output_mb")
+        limit_mb = cfg.output_limit_mb()
+        if out_bytes > limit_mb << 20:
+            raise JudgeError(f"task {task.name}: reference output of {out_bytes >> 20} MiB exceeds the judge's output "
+                             f"limit of {limit_mb} MiB; raise the setting max_output_mb (e.g. -c max_output_mb="
+                             f"{(out_bytes >> 20) + 1024})")
         in_bytes = max(nbytes_of(state_values) + nbytes_of(init_args), nbytes_of(probe_inputs)) + (1 << 20)
         outputs = [(list(t.shape), str(t.dtype).removeprefix("torch.")) if isinstance(t, torch.Tensor) else None
                    for t in probe]
@@ -437,7 +440,7 @@ class Judge:
         session = _Session(proc, chan, plane, shared)
         try:
             init_meta = pack(setup.init_args, plane.view, 0, plane.in_size)
-            init_end = max([m["offset"] + m.get("nbytes", 0) for m in init_meta if m["t"] == "tensor"] + [0])
+            init_end = packed_end(init_meta)  # tensors nested in containers count too
             start = (init_end + 63) // 64 * 64
             state_meta = pack(setup.state_values, plane.view, start, plane.in_size - start)
             chan.send({"device": self.device, "candidate_path": str(proc.spec.workdir / "model_new.py"),

@@ -21,12 +21,24 @@ import re
 # Python
 
 ALLOWED_IMPORTS_STRICT = {"torch", "torch.nn", "torch.utils.cpp_extension", "math", "typing",
-                          "__future__", "cuda_extension", "dataclasses", "functools"}
+                          "__future__", "cuda_extension", "dataclasses", "functools", "collections.abc",
+                          "torch.nn.init", "torch.nn.modules.utils", "torch.nn.parameter"}
 ALLOWED_IMPORTS_LENIENT = ALLOWED_IMPORTS_STRICT | {"torch.nn.functional", "model", "numpy", "einops",
                                                     "operator", "itertools", "collections"}
-BANNED_NAMES = {"eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr", "globals",
-                "locals", "vars", "open", "breakpoint", "input", "memoryview", "__builtins__",
-                "__loader__", "__spec__", "type", "object", "classmethod", "staticmethod", "property"}
+# Builtins that run code the AST cannot see, reach the interpreter's namespaces or change objects
+# by a computed name. `getattr` is not among them: it is checked where it is called (a literal
+# name like any attribute; a computed one only on the candidate's own `self` under the strict
+# policy), and the candidate's module gets a getattr that refuses special names at run time.
+BANNED_NAMES = {"eval", "exec", "compile", "__import__", "setattr", "delattr", "globals",
+                "locals", "vars", "open", "breakpoint", "memoryview", "__builtins__",
+                "__loader__", "__spec__", "type", "object"}
+# Private helpers of torch.nn.init and torch.nn.modules.utils that published models call to
+# initialise weights the way nn.Linear/nn.ConvNd do, or to normalise kernel-size arguments.
+ALLOWED_PRIVATE = {"_calculate_fan_in_and_fan_out", "_calculate_correct_fan", "_no_grad_uniform_",
+                   "_no_grad_normal_", "_no_grad_trunc_normal_", "_no_grad_fill_", "_no_grad_zero_",
+                   "_single", "_pair", "_triple", "_quadruple", "_ntuple", "_reverse_repeat_tuple"}
+FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "gi_frame", "tb_frame", "cr_frame", "f_code", "f_builtins",
+               "gi_code", "cr_code", "tb_next", "ag_frame"}
 MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes", "subprocess", "threading",
                 "multiprocessing", "socket", "signal", "mmap", "marshal", "pickle", "shutil", "time"}
 ALLOWED_DUNDERS = {"__init__", "__name__"}
@@ -57,7 +69,28 @@ def check_python(source: str, policy: str) -> list[str]:
     def add(node: ast.AST, what: str) -> None:
         out.append(f"line {getattr(node, 'lineno', '?')}: {what}")
 
+    def check_attr(node: ast.AST, owner: ast.AST, attr: str) -> None:
+        if attr in ALLOWED_DUNDERS:
+            pass
+        elif attr.startswith("__") and attr.endswith("__"):
+            add(node, f"access to '{attr}' is not allowed")
+        elif (attr.startswith("_") and attr not in ALLOWED_PRIVATE
+              and not (isinstance(owner, ast.Name) and owner.id == "self")):
+            add(node, f"access to private attribute '{attr}' is not allowed")
+        elif attr in FRAME_ATTRS:
+            add(node, f"frame access '{attr}' is not allowed")
+        elif attr in MODULE_ATTRS:
+            add(node, f"reaching module '{attr}' through an attribute is not allowed")
+
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            # getattr(x, "name") is x.name; a computed name is refused where it could reach a
+            # library object (strict), and special names are refused at run time as well.
+            if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                check_attr(node, node.args[0], node.args[1].value)
+            elif node.func.id == "getattr" and strict and not (
+                    node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
+                add(node, "getattr with a computed name on anything but self is not allowed (strict policy)")
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name not in allowed_imports:
@@ -67,22 +100,12 @@ def check_python(source: str, policy: str) -> list[str]:
             if node.level or mod not in allowed_imports:
                 if not (mod == "torch.utils.cpp_extension"):
                     add(node, f"import from '{'.' * node.level}{mod}' is not allowed")
-            if mod == "torch" and any(a.name.startswith("_") for a in node.names):
-                add(node, "import of private torch names is not allowed")
+            if any(a.name.startswith("_") and a.name not in ALLOWED_PRIVATE for a in node.names):
+                add(node, "import of private names is not allowed")
         elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
             add(node, f"use of '{node.id}' is not allowed")
         elif isinstance(node, ast.Attribute):
-            attr = node.attr
-            if attr in ALLOWED_DUNDERS:
-                pass
-            elif attr.startswith("__") and attr.endswith("__"):
-                add(node, f"access to '{attr}' is not allowed")
-            elif attr.startswith("_") and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
-                add(node, f"access to private attribute '{attr}' is not allowed")
-            elif attr in {"f_back", "f_globals", "f_locals", "gi_frame", "tb_frame", "cr_frame", "f_code"}:
-                add(node, f"frame access '{attr}' is not allowed")
-            elif attr in MODULE_ATTRS:
-                add(node, f"reaching module '{attr}' through an attribute is not allowed")
+            check_attr(node, node.value, node.attr)
         elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
             add(node, "try/except is not allowed (no fallbacks)")
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
@@ -124,6 +147,11 @@ def _extension_names(tree: ast.Module) -> tuple[set[str], set[str]]:
 def _strict_forward_checks(tree: ast.Module) -> list[str]:
     out = []
     ext_names, ext_attrs = _extension_names(tree)
+    # `math.sqrt(fan_in)` is Python's math, not tensor compute, where the name is never rebound
+    rebound = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+               for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    python_math = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+                   for a in n.names if a.name == "math"} - rebound
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "Model":
             out.append(f"line {node.lineno}: the reference Model may not be used (no fallback)")
@@ -140,6 +168,8 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
                 root = head.split(".")
                 if root[0] in ext_names or (root[0] == "self" and len(root) > 1 and root[1] in ext_attrs):
                     continue  # the candidate's own extension
+                if head in python_math:
+                    continue
                 if head in {"torch", "torch.nn.functional", "F", "nn.functional", "torch.special",
                             "torch.linalg", "torch.fft"} and last not in TORCH_CREATION:
                     out.append(f"line {call.lineno}: PyTorch compute '{name}' in {fn.name} (strict policy)")
@@ -157,8 +187,9 @@ _CPP_ALWAYS = [
     (r"\basm\b|__asm__|__asm\b", "inline assembly (use CUDA intrinsics)"),
     (r"\bsyscall\b|\bfork\b|\bvfork\b|\bexec[lv]p?e?\b|\bsystem\s*\(|\bpopen\b|\bposix_spawn\w*|\bkill\s*\(",
      "processes"),
-    (r"std::thread|std::async|std::jthread|pthread_\w+|\bclone\s*\(", "threads"),
-    (r"\bf?open\s*\(|std::[io]?fstream|\bfreopen\b|\bunlink\b|\bremove\s*\(|\brename\s*\(|\bFILE\s*\*",
+    (r"std::thread|std::async|std::jthread|pthread_\w+|(?<![.>\w])\s*\bclone\s*\(", "threads"),
+    (r"\bf?open\s*\(|std::[io]?fstream|\bfreopen\b|\bunlink\b|\bremove\s*\(|\brename\s*\(|\bFILE\s*\*"
+     r"|\btmpfile\w*\s*\(|\bmkstemp\w*|\bmkdtemp\b|\btempnam\b|\btmpnam\b|\bfdopen\b",
      "file access"),
     (r"\b(getenv|setenv|putenv|unsetenv)\b|\benviron\b", "environment access"),
     (r"\bcu(da)?Event\w*|\bcu(da)?Ipc\w*|\bcupti\w*|\bcudaProfiler\w*|\bnvtx\w*", "timers/profilers/IPC"),
@@ -168,7 +199,9 @@ _CPP_ALWAYS = [
      r"|\bimport\s*\(\s*\"", "the Python C-API"),
     (r"##", "token pasting"),
     (r"#\s*include\s*[<\"](/|\.\./)", "includes outside the workspace"),
-    (r"#\s*include\s*[<\"](dlfcn|link|elf|sys/mman|sys/syscall|unistd|thread|pthread|fstream|cstdio|stdio)\.?h?[>\"]",
+    # <cstdio>/<stdio.h> stay allowed (printf in kernels and host code): their file functions are
+    # refused by name above and in the compiled library's imports.
+    (r"#\s*include\s*[<\"](dlfcn|link|elf|sys/mman|sys/syscall|unistd|thread|pthread|fstream)\.?h?[>\"]",
      "system headers for loading, processes, threads or files"),
 ]
 
@@ -286,6 +319,7 @@ _DENY_ALWAYS = [
     (re.compile(r"^(open(64)?|openat(64)?|creat(64)?|fopen(64)?|freopen(64)?|fdopen|unlink(at)?|rename(at2?)?|"
                 r"mkdir(at)?|rmdir|truncate(64)?|symlink(at)?|link(at)?|chmod|fchmod(at)?|chown|remove|"
                 r"opendir|nftw|ftw|read|pread(64)?|readv|preadv\d?|write|pwrite(64)?|writev|lseek(64)?|readlink(at)?|"
+                r"tmpfile(64)?|mkstemps?(64)?|mkostemps?(64)?|mkdtemp|tmpnam(_r)?|tempnam|"
                 r"fstat(at)?|stat|lstat|statx|dup[23]?|fcntl|ioctl|sendfile(64)?|splice|memfd_create)$"),
      "file or descriptor access"),
     (re.compile(r"^(socket|socketpair|connect|bind|listen|accept4?|sendto|sendmsg|getaddrinfo|gethostbyname)$"),

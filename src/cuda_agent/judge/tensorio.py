@@ -33,41 +33,66 @@ def dtype_name(dtype: torch.dtype) -> str:
 Region = "memoryview | torch.Tensor"
 
 
-def pack(values, view: Region, base: int, limit: int) -> list[dict]:
-    """Write `values` (tensors or JSON scalars, possibly nested one level in tuples) at `base`.
+MAX_DEPTH = 8          # containers inside containers (level-3 init inputs nest two or three deep)
+MAX_RECORDS = 1 << 16  # records in one value list, all levels together
+_SCALARS = (bool, int, float, str, type(None))
 
-    Returns metadata; tensors are written contiguous, 64-byte aligned.
+
+def pack(values, view: Region, base: int, limit: int) -> list[dict]:
+    """Write `values` at `base`: tensors, JSON scalars (None, bool, int, float, str) and lists,
+    tuples and dicts of them, nested up to MAX_DEPTH (dict keys are scalars).
+
+    Returns metadata (plain JSON-like data); tensors are written contiguous, 64-byte aligned.
     """
-    meta = []
-    offset = base
-    on_tensor = isinstance(view, torch.Tensor)
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            t = value.detach()
-            if t.device.type != "cpu" and not on_tensor:
-                t = t.cpu()
-            t = t.contiguous()
-            nbytes = t.numel() * t.element_size()
-            offset = (offset + 63) // 64 * 64
-            if offset + nbytes > base + limit:
-                raise TransportError(f"values exceed the {limit >> 20} MiB transport limit")
-            if nbytes and on_tensor:
-                view[offset: offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
-            elif nbytes:
-                view[offset: offset + nbytes] = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-            meta.append({"t": "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape),
-                         "offset": offset, "nbytes": nbytes})
-            offset += nbytes
-        elif isinstance(value, bool) or value is None or isinstance(value, (int, float, str)):
-            meta.append({"t": "scalar", "value": value})
-        elif isinstance(value, (list, tuple)) and all(not isinstance(v, (list, tuple)) for v in value):
-            inner = pack(value, view, offset, base + limit - offset)
-            meta.append({"t": "list", "items": inner})
-            ends = [m["offset"] + m["nbytes"] for m in inner if m["t"] == "tensor"]
-            offset = max([offset, *ends])
-        else:
-            raise TransportError(f"unsupported value of type {type(value).__name__}")
-    return meta
+    state = {"offset": base, "records": 0}
+    return [_pack_one(v, view, base, limit, state, 0) for v in values]
+
+
+def _pack_one(value, view: Region, base: int, limit: int, state: dict, depth: int) -> dict:
+    state["records"] += 1
+    if state["records"] > MAX_RECORDS:
+        raise TransportError(f"more than {MAX_RECORDS} values to carry")
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu" and not isinstance(view, torch.Tensor):
+            t = t.cpu()
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        offset = (state["offset"] + 63) // 64 * 64
+        if offset + nbytes > base + limit:
+            raise TransportError(f"values exceed the {limit >> 20} MiB transport limit")
+        if nbytes and isinstance(view, torch.Tensor):
+            view[offset: offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
+        elif nbytes:
+            view[offset: offset + nbytes] = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        state["offset"] = offset + nbytes
+        return {"t": "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape), "offset": offset,
+                "nbytes": nbytes}
+    if isinstance(value, _SCALARS):
+        return {"t": "scalar", "value": value}
+    if isinstance(value, (list, tuple, dict)):
+        if depth >= MAX_DEPTH:
+            raise TransportError(f"containers nested deeper than {MAX_DEPTH}")
+        if isinstance(value, dict):
+            keys = list(value)
+            if not all(isinstance(k, _SCALARS) for k in keys):
+                raise TransportError("dict keys must be None, bool, int, float or str")
+            return {"t": "dict", "keys": keys,
+                    "items": [_pack_one(value[k], view, base, limit, state, depth + 1) for k in keys]}
+        return {"t": "list", "kind": "list" if isinstance(value, list) else "tuple",
+                "items": [_pack_one(v, view, base, limit, state, depth + 1) for v in value]}
+    raise TransportError(f"unsupported value of type {type(value).__name__}")
+
+
+def packed_end(meta) -> int:
+    """One past the last byte that `pack` wrote for `meta` (0 when it wrote no tensor)."""
+    end = 0
+    for m in meta:
+        if m["t"] == "tensor":
+            end = max(end, m["offset"] + m["nbytes"])
+        elif m["t"] in ("list", "dict"):
+            end = max(end, packed_end(m["items"]))
+    return end
 
 
 def unpack(meta, view: Region, base: int, limit: int, device: str | torch.device = "cpu", *,
@@ -76,8 +101,17 @@ def unpack(meta, view: Region, base: int, limit: int, device: str | torch.device
 
     From a tensor region on `device` the tensors are views of the region (no copy). From a host
     memoryview they are private copies, unless `share` (CPU tensors only): then they are views, so
-    a write to them shows in the region."""
-    if not isinstance(meta, list) or len(meta) > 256:
+    a write to them shows in the region. Lists come back as lists, tuples as tuples (a "list"
+    record without a kind, as older judges wrote it, as a tuple)."""
+    return _unpack_list(meta, view, base, limit, device, share, 0, [0])
+
+
+def _unpack_list(meta, view: Region, base: int, limit: int, device, share: bool, depth: int,
+                 count: list[int]) -> list:
+    if not isinstance(meta, list) or len(meta) > MAX_RECORDS or depth > MAX_DEPTH:
+        raise TransportError("bad value list")
+    count[0] += len(meta)
+    if count[0] > MAX_RECORDS:
         raise TransportError("bad value list")
     out = []
     for m in meta:
@@ -86,11 +120,22 @@ def unpack(meta, view: Region, base: int, limit: int, device: str | torch.device
         kind = m.get("t")
         if kind == "scalar":
             value = m.get("value")
-            if not (value is None or isinstance(value, (bool, int, float, str))):
+            if not isinstance(value, _SCALARS):
                 raise TransportError("bad scalar")
             out.append(value)
         elif kind == "list":
-            out.append(tuple(unpack(m.get("items"), view, base, limit, device, share=share)))
+            items = _unpack_list(m.get("items"), view, base, limit, device, share, depth + 1, count)
+            seq = m.get("kind", "tuple")
+            if seq not in ("list", "tuple"):
+                raise TransportError("bad sequence kind")
+            out.append(items if seq == "list" else tuple(items))
+        elif kind == "dict":
+            keys = m.get("keys")
+            items = _unpack_list(m.get("items"), view, base, limit, device, share, depth + 1, count)
+            if (not isinstance(keys, list) or len(keys) != len(items)
+                    or not all(isinstance(k, _SCALARS) for k in keys)):
+                raise TransportError("bad dict keys")
+            out.append(dict(zip(keys, items)))
         elif kind == "tensor":
             out.append(_tensor(m, view, base, limit, device, share))
         else:
@@ -132,4 +177,6 @@ def nbytes_of(values) -> int:
             total += v.numel() * v.element_size() + 64
         elif isinstance(v, (list, tuple)):
             total += nbytes_of(v)
+        elif isinstance(v, dict):
+            total += nbytes_of(list(v.values()))
     return total

@@ -81,6 +81,40 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
     sys.addaudithook(hook)
 
 
+# Names every module gets from the import system; the candidate keeps its own.
+_MODULE_OWN = {"__name__", "__file__", "__spec__", "__loader__", "__package__", "__builtins__", "__cached__",
+               "__doc__", "__path__"}
+_FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "f_builtins", "f_code", "gi_frame", "cr_frame", "ag_frame",
+                "tb_frame", "tb_next", "gi_code", "cr_code"}
+
+
+def _guarded_getattr(blocked: list[str]):
+    """getattr for candidate modules: special names (`__globals__`, `__subclasses__`, frames) are
+    refused whatever string built them; the source check only sees literal names."""
+    real = getattr
+
+    def getattr_(obj, name, *default):
+        if isinstance(name, str) and ((name.startswith("__") and name.endswith("__")
+                                       and name not in ("__name__", "__init__")) or name in _FRAME_ATTRS):
+            blocked.append(f"getattr(..., {name[:60]!r})")
+            raise _Blocked(f"getattr of {name[:60]!r} is not allowed in the judge's sandbox")
+        return real(obj, name, *default)
+
+    getattr_.__name__ = "getattr"
+    return getattr_
+
+
+def _candidate_namespace(module, reference, blocked: list[str]) -> None:
+    """KernelBench executes a solution in the namespace where the reference module ran, so
+    published solutions use its globals (`batch_size`, helper functions) without defining them.
+    The candidate module starts with those names; whatever it defines itself replaces them."""
+    if reference is not None:
+        for name, value in vars(reference).items():
+            if name not in _MODULE_OWN:
+                module.__dict__.setdefault(name, value)
+    module.__dict__["getattr"] = _guarded_getattr(blocked)
+
+
 _WATCHED = ("time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.monotonic_ns", "time.time",
             "time.process_time", "torch.cuda.synchronize", "torch.cuda.Event.elapsed_time", "torch.cuda.Event.record",
             "torch.cuda.Event.synchronize", "torch.Tensor.cpu", "torch.Tensor.contiguous", "torch.Tensor.numpy",
@@ -253,6 +287,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     try:
         spec = importlib.util.spec_from_file_location("model_new", init["candidate_path"])
         module = importlib.util.module_from_spec(spec)
+        if not init.get("trusted"):
+            _candidate_namespace(module, sys.modules.get("model"), blocked)
         sys.modules["model_new"] = module
         spec.loader.exec_module(module)
     except BaseException as exc:
