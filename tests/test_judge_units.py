@@ -156,6 +156,39 @@ def test_noise_scaled_bound_refuses_zero_and_constant_outputs_of_tiny_references
         assert res.rel_l2_err_f64 > 0.5 and res.rel_l2_bound == 1e-4
 
 
+def test_a_noisy_reference_widens_the_bound_only_to_the_ceiling():
+    # a reference 1e-3 from float64 (an ill-conditioned task): the bound is capped at 1e-2, far
+    # below what a zero (1.0) or constant (~0.8) output of a tiny-valued softmax gives
+    g = torch.Generator().manual_seed(7)
+    ref64 = torch.softmax(torch.randn(4, 50_000, generator=g, dtype=torch.float64), dim=-1)
+    ref = (ref64 * (1 + 1e-3 * torch.randn(ref64.shape, generator=g, dtype=torch.float64))).float()
+    assert compare_outputs([ref], [ref.clone()], expected64=[ref64], **NOISE).rel_l2_bound == 1e-2
+    for out in (torch.zeros_like(ref), torch.full_like(ref, 1.0 / ref.shape[1])):
+        res = compare_outputs([ref], [out], expected64=[ref64], **NOISE)
+        assert not res.ok and res.rel_l2_bound == 1e-2 and "relative L2" in res.message, res.message
+
+
+def test_each_output_gets_its_own_bound():
+    g = torch.Generator().manual_seed(11)
+    quiet64 = torch.randn(1000, generator=g, dtype=torch.float64)
+    noisy64 = torch.randn(1000, generator=g, dtype=torch.float64)
+    quiet, noisy = quiet64.float(), (noisy64 * (1 + 1e-4 * torch.randn(1000, generator=g, dtype=torch.float64))).float()
+    res = compare_outputs([quiet, noisy], [quiet.clone(), noisy.clone()], expected64=[quiet64, noisy64], **NOISE)
+    assert res.ok
+    assert res.later_bounds[0] == pytest.approx(1e-4, rel=1e-2)          # floor + rounding noise
+    assert res.later_bounds[1] == pytest.approx(17 * 1e-4, rel=0.2)      # 16 x noise + noise
+    # 5e-4 off: within the noisy output's bound, over the quiet one's
+    off = lambda t: t * (1 + 5e-4 * torch.randn(t.shape, generator=g))  # noqa: E731
+    assert compare_outputs([quiet, noisy], [quiet.clone(), off(noisy)], expected64=[quiet64, noisy64], **NOISE).ok
+    bad = compare_outputs([quiet, noisy], [off(quiet), noisy.clone()], expected64=[quiet64, noisy64], **NOISE)
+    assert not bad.ok and bad.message.startswith("output 0:"), bad.message
+    # later calls: the carried bound per output, against the reference
+    assert compare_outputs([quiet, noisy], [quiet.clone(), off(noisy)], rel_l2_bounds=list(res.later_bounds),
+                           **NOISE).ok
+    assert not compare_outputs([quiet, noisy], [off(quiet), noisy.clone()], rel_l2_bounds=list(res.later_bounds),
+                               **NOISE).ok
+
+
 def test_float64_twin_is_ignored_where_it_does_not_describe_the_output():
     x = torch.randn(32)
     wrong = [torch.randn(16, dtype=torch.float64)]                  # shape differs
