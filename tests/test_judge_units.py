@@ -11,7 +11,7 @@ import torch
 
 from cuda_agent.judge import policy
 from cuda_agent.judge.build import BuildError, check_flags, inline_spec, trim_compiler_output
-from cuda_agent.judge.compare import compare_outputs, degenerate_warnings
+from cuda_agent.judge.compare import compare_outputs, degenerate_warnings, rel_l2_bound
 from cuda_agent.judge.protocol import MAX_MESSAGE_BYTES, Channel, ProtocolError
 from cuda_agent.judge.tensorio import TransportError, pack, unpack
 from cuda_agent.judge.timing import reconcile, summarize
@@ -75,6 +75,130 @@ def test_integer_outputs_compared_exactly():
 def test_input_independent_reference_is_flagged():
     c = torch.ones(10)
     assert any("input-independent" in w for w in degenerate_warnings([[c], [c.clone()]], atol=1e-2, rtol=1e-2))
+
+
+def test_rel_l2_bound_arithmetic():
+    kw = dict(floor=1e-4, multiple=16.0, ceiling=1e-2)
+    assert rel_l2_bound(3e-7, **kw) == 1e-4                      # well-conditioned: the fixed floor
+    assert rel_l2_bound(2e-5, **kw) == pytest.approx(3.2e-4)      # noisy reference: 16 x its noise
+    assert rel_l2_bound(5e-3, **kw) == 1e-2                      # capped: zeros/constants never pass
+    assert rel_l2_bound(None, **kw) == 1e-4                      # no float64 reference
+    assert rel_l2_bound(float("inf"), **kw) == 1e-4
+    assert rel_l2_bound(2e-5, floor=1e-4, multiple=0.0, ceiling=1e-2) == 1e-4
+    assert rel_l2_bound(1.0, floor=2e-2, multiple=16.0, ceiling=1e-2) == 2e-2  # ceiling never below floor
+
+
+def _tanh_chain(x, weights, mm):
+    for w in weights:
+        x = torch.tanh(mm(x, w))
+    return x
+
+
+def _blocked_mm(a, b, block=32):
+    """fp32 matmul summed over K in blocks of `block`, partial sums added in order: a reordering."""
+    return sum(a[:, k:k + block] @ b[k:k + block] for k in range(0, a.shape[1], block))
+
+
+def _low_mm(dtype):
+    return lambda a, b: a.to(dtype).float() @ b.to(dtype).float()
+
+
+FIXED = {"float32": 1e-4}
+NOISE = dict(atol=1e-2, rtol=1e-2, max_rel_l2=FIXED, noise_multiple=16.0, rel_l2_ceiling=1e-2)
+
+
+def test_noise_scaled_bound_accepts_fp32_reordering_of_a_deep_chain():
+    # 40 layers of tanh(x @ W) with gain 2: rounding differences grow with depth, as in deep fp32
+    # models, so a blocked summation lands ~2e-4 from the reference (over the fixed 1e-4).
+    g = torch.Generator().manual_seed(3)
+    weights = torch.randn(40, 256, 256, generator=g) * (2.0 / 16.0)
+    x = torch.randn(64, 256, generator=g)
+    ref = _tanh_chain(x, weights, torch.matmul)
+    ref64 = _tanh_chain(x.double(), weights.double(), torch.matmul)
+    cand = _tanh_chain(x, weights, _blocked_mm)
+    fixed = compare_outputs([ref], [cand], atol=1e-2, rtol=1e-2, max_rel_l2=FIXED)
+    assert not fixed.ok and fixed.rel_l2_err > 1e-4, fixed  # the false rejection of a fixed bound
+    res = compare_outputs([ref], [cand], expected64=[ref64], **NOISE)
+    assert res.ok, res.message
+    assert res.ref_noise_rel_l2 > 1e-5 and res.rel_l2_bound == pytest.approx(16 * res.ref_noise_rel_l2)
+    assert res.rel_l2_err_f64 < res.rel_l2_bound
+    # unchecked calls: the error against the fp32 reference, under the bound plus the noise
+    assert res.later_bounds[0] == pytest.approx(res.rel_l2_bound + res.ref_noise_rel_l2)
+    assert compare_outputs([ref], [cand], rel_l2_bounds=list(res.later_bounds), **NOISE).ok
+    # lower-precision operands on the same task are still refused by the normwise check alone
+    # (elementwise tolerance opened wide), with or without float64
+    loose = {**NOISE, "atol": 10.0, "rtol": 10.0}
+    for dtype in (torch.float16, torch.bfloat16):
+        low = _tanh_chain(x, weights, _low_mm(dtype))
+        bad = compare_outputs([ref], [low], expected64=[ref64], **loose)
+        assert not bad.ok and "float64 reference" in bad.message and "own error" in bad.message, bad.message
+        assert not compare_outputs([ref], [low], rel_l2_bounds=list(res.later_bounds), **loose).ok
+
+
+def test_noise_scaled_bound_keeps_the_floor_on_well_conditioned_tasks():
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
+    ref, ref64 = a @ b, a.double() @ b.double()
+    res = compare_outputs([ref], [_blocked_mm(a, b)], expected64=[ref64], **NOISE)
+    assert res.ok and res.rel_l2_bound == 1e-4 and res.ref_noise_rel_l2 < 1e-6
+    loose = {**NOISE, "atol": 10.0, "rtol": 10.0}   # the normwise check alone
+    for dtype in (torch.float16, torch.bfloat16):   # ~3e-4 and ~2e-3 from float64
+        bad = compare_outputs([ref], [_low_mm(dtype)(a, b)], expected64=[ref64], **loose)
+        assert not bad.ok and "exceeds the bound 0.0001" in bad.message, bad.message
+
+
+def test_noise_scaled_bound_refuses_zero_and_constant_outputs_of_tiny_references():
+    x = torch.randn(4, 100_000)
+    ref, ref64 = torch.softmax(x, dim=-1), torch.softmax(x.double(), dim=-1)
+    for out in (torch.zeros_like(ref), torch.full_like(ref, 1.0 / ref.shape[1])):
+        res = compare_outputs([ref], [out], expected64=[ref64], **NOISE)
+        assert not res.ok and "relative L2" in res.message
+        assert res.rel_l2_err_f64 > 0.5 and res.rel_l2_bound == 1e-4
+
+
+def test_a_noisy_reference_widens_the_bound_only_to_the_ceiling():
+    # a reference 1e-3 from float64 (an ill-conditioned task): the bound is capped at 1e-2, far
+    # below what a zero (1.0) or constant (~0.8) output of a tiny-valued softmax gives
+    g = torch.Generator().manual_seed(7)
+    ref64 = torch.softmax(torch.randn(4, 50_000, generator=g, dtype=torch.float64), dim=-1)
+    ref = (ref64 * (1 + 1e-3 * torch.randn(ref64.shape, generator=g, dtype=torch.float64))).float()
+    assert compare_outputs([ref], [ref.clone()], expected64=[ref64], **NOISE).rel_l2_bound == 1e-2
+    for out in (torch.zeros_like(ref), torch.full_like(ref, 1.0 / ref.shape[1])):
+        res = compare_outputs([ref], [out], expected64=[ref64], **NOISE)
+        assert not res.ok and res.rel_l2_bound == 1e-2 and "relative L2" in res.message, res.message
+
+
+def test_each_output_gets_its_own_bound():
+    g = torch.Generator().manual_seed(11)
+    quiet64 = torch.randn(1000, generator=g, dtype=torch.float64)
+    noisy64 = torch.randn(1000, generator=g, dtype=torch.float64)
+    quiet, noisy = quiet64.float(), (noisy64 * (1 + 1e-4 * torch.randn(1000, generator=g, dtype=torch.float64))).float()
+    res = compare_outputs([quiet, noisy], [quiet.clone(), noisy.clone()], expected64=[quiet64, noisy64], **NOISE)
+    assert res.ok
+    assert res.later_bounds[0] == pytest.approx(1e-4, rel=1e-2)          # floor + rounding noise
+    assert res.later_bounds[1] == pytest.approx(17 * 1e-4, rel=0.2)      # 16 x noise + noise
+    # 5e-4 off: within the noisy output's bound, over the quiet one's
+    off = lambda t: t * (1 + 5e-4 * torch.randn(t.shape, generator=g))  # noqa: E731
+    assert compare_outputs([quiet, noisy], [quiet.clone(), off(noisy)], expected64=[quiet64, noisy64], **NOISE).ok
+    bad = compare_outputs([quiet, noisy], [off(quiet), noisy.clone()], expected64=[quiet64, noisy64], **NOISE)
+    assert not bad.ok and bad.message.startswith("output 0:"), bad.message
+    # later calls: the carried bound per output, against the reference
+    assert compare_outputs([quiet, noisy], [quiet.clone(), off(noisy)], rel_l2_bounds=list(res.later_bounds),
+                           **NOISE).ok
+    assert not compare_outputs([quiet, noisy], [off(quiet), noisy.clone()], rel_l2_bounds=list(res.later_bounds),
+                               **NOISE).ok
+
+
+def test_float64_twin_is_ignored_where_it_does_not_describe_the_output():
+    x = torch.randn(32)
+    wrong = [torch.randn(16, dtype=torch.float64)]                  # shape differs
+    same_dtype = [x.clone()]                                        # not a float64 evaluation
+    for twin in (wrong, same_dtype, [None], []):
+        res = compare_outputs([x], [x.clone()], expected64=twin, **NOISE)
+        assert res.ok and res.rel_l2_err_f64 is None and res.rel_l2_bound == 1e-4
+    nan_twin = [torch.full((32,), float("nan"), dtype=torch.float64)]  # float64 broke where fp32 did not
+    res = compare_outputs([x], [x.clone()], expected64=nan_twin, **NOISE)
+    assert res.ok and res.rel_l2_err_f64 is None
 
 
 # -- timing decisions ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -12,48 +13,102 @@ class Comparison:
     ok: bool
     message: str = ""
     max_abs_err: float = 0.0
-    rel_l2_err: float = 0.0
+    rel_l2_err: float = 0.0                 # worst ||out - ref|| / ||ref|| against the reference's own dtype
+    rel_l2_err_f64: float | None = None     # worst ||out - ref64|| / ||ref64|| (float64 reference given)
+    ref_noise_rel_l2: float | None = None   # worst ||ref - ref64|| / ||ref64||: the reference's own error
+    rel_l2_bound: float | None = None       # the bound applied to the output closest to its bound
+    later_bounds: tuple[float | None, ...] = ()  # per output: bound against the reference for unchecked calls
+
+
+def rel_l2_bound(noise: float | None, *, floor: float, multiple: float, ceiling: float) -> float:
+    """Bound on the candidate's relative L2 error against the float64 reference.
+
+    `noise` is the reference's own relative L2 error against its float64 evaluation. Two correct
+    implementations in the same precision differ from exact arithmetic by amounts of the same order
+    (a different summation order changes the constant, not the unit roundoff), so the candidate may
+    be `multiple` times as far from float64 as the reference is. Lower-precision operands (fp16,
+    bf16, TF32) multiply that error by the ratio of the unit roundoffs (2^13 for TF32/fp16 against
+    fp32, 2^16 for bf16), far beyond any sensible multiple. `floor` (the fixed per-dtype bound) keeps
+    well-conditioned tasks exactly where a fixed bound put them; `ceiling` stops an ill-conditioned
+    or noisy reference from widening the bound until garbage passes. No usable noise: the floor."""
+    if noise is None or not math.isfinite(noise) or multiple <= 0:
+        return floor
+    return min(max(floor, multiple * noise), max(floor, ceiling))
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _float64_twin(expected64: list | None, i: int, e: torch.Tensor) -> torch.Tensor | None:
+    """The float64 evaluation of output `i`, if there is one that describes the same output."""
+    if expected64 is None or i >= len(expected64) or e.dtype == torch.float64:
+        return None
+    r = expected64[i]
+    if not isinstance(r, torch.Tensor) or r.dtype != torch.float64 or tuple(r.shape) != tuple(e.shape):
+        return None
+    return r
 
 
 def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rtol: float,
-                    max_rel_l2: dict[str, float]) -> Comparison:
-    """Structure, dtype, shape, NaN/Inf placement, elementwise tolerance and normwise error."""
+                    max_rel_l2: dict[str, float], expected64: list | None = None, noise_multiple: float = 0.0,
+                    rel_l2_ceiling: float = 1e-2, rel_l2_bounds: list | tuple | None = None) -> Comparison:
+    """Structure, dtype, shape, NaN/Inf placement, elementwise tolerance and normwise error.
+
+    Normwise error, per floating output, one of three ways:
+    - `expected64` (the reference evaluated in float64 on the same inputs) holds that output: the
+      candidate's error against it must stay within `rel_l2_bound` of the reference's own error
+      against it (floor: `max_rel_l2` of the dtype). `later_bounds` then carries, per output, the
+      bound plus that noise: by the triangle inequality a bound on the error against the reference
+      itself, for calls evaluated without float64;
+    - `rel_l2_bounds` holds a bound for it (found so on earlier calls): error against the reference;
+    - otherwise the fixed `max_rel_l2` of its dtype, error against the reference.
+    """
     if len(expected) != len(got):
         return Comparison(False, f"expected {len(expected)} output(s), got {len(got)}")
     worst_abs, worst_rel = 0.0, 0.0
+    worst64: float | None = None
+    worst_noise: float | None = None
+    applied: float | None = None   # bound of the output whose error came closest to its bound
+    closest = -1.0
+    later: list[float | None] = [None] * len(expected)
+
+    def result(ok: bool, message: str = "") -> Comparison:
+        return Comparison(ok, message, worst_abs, worst_rel, worst64, worst_noise, applied, tuple(later))
+
     for i, (e, g) in enumerate(zip(expected, got)):
         where = f"output {i}" if len(expected) > 1 else "output"
         if not isinstance(e, torch.Tensor):
             if e != g:
-                return Comparison(False, f"{where}: expected {e!r}, got {g!r}")
+                return result(False, f"{where}: expected {e!r}, got {g!r}")
             continue
         if not isinstance(g, torch.Tensor):
-            return Comparison(False, f"{where}: expected a tensor, got {type(g).__name__}")
+            return result(False, f"{where}: expected a tensor, got {type(g).__name__}")
         if g.dtype != e.dtype:
-            return Comparison(False, f"{where}: dtype {str(g.dtype).removeprefix('torch.')}, "
-                                     f"expected {str(e.dtype).removeprefix('torch.')}")
+            return result(False, f"{where}: dtype {_dtype_name(g)}, expected {_dtype_name(e)}")
         if tuple(g.shape) != tuple(e.shape):
-            return Comparison(False, f"{where}: shape {tuple(g.shape)}, expected {tuple(e.shape)}")
+            return result(False, f"{where}: shape {tuple(g.shape)}, expected {tuple(e.shape)}")
         g = g.to(e.device)
         if not e.is_floating_point():
             if not torch.equal(e, g):
                 n = int((e != g).sum())
-                return Comparison(False, f"{where}: {n} of {e.numel()} values differ")
+                return result(False, f"{where}: {n} of {e.numel()} values differ")
             continue
         # fp32 arithmetic for fp32 and narrower outputs (exact enough for these bounds, and it keeps
         # a gigabyte output from being copied to float64 several times); float64 stays float64.
         work = torch.float64 if e.dtype == torch.float64 else torch.float32
         ew, gw = e.to(work), g.to(work)
+        finite = None
         if bool(torch.isfinite(ew).all()) and bool(torch.isfinite(gw).all()):
             ef, gf = ew.reshape(-1), gw.reshape(-1)
         else:
             e_nan, g_nan = torch.isnan(ew), torch.isnan(gw)
             if not torch.equal(e_nan, g_nan):
                 n = int((e_nan != g_nan).sum())
-                return Comparison(False, f"{where}: NaN in {n} position(s) where the reference has none (or vice versa)")
+                return result(False, f"{where}: NaN in {n} position(s) where the reference has none (or vice versa)")
             e_inf, g_inf = torch.isinf(ew), torch.isinf(gw)
             if not torch.equal(e_inf, g_inf) or not torch.equal(ew[e_inf], gw[g_inf]):
-                return Comparison(False, f"{where}: Inf values differ from the reference")
+                return result(False, f"{where}: Inf values differ from the reference")
             finite = ~(e_nan | e_inf)
             ef, gf = ew[finite], gw[finite]
         if ef.numel() == 0:
@@ -69,17 +124,53 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
         if bool(bad.any()):
             n = int(bad.sum())
             idx = int(torch.nonzero(bad)[0])
-            return Comparison(False, f"{where}: {n} of {ef.numel()} values outside atol={atol:g}, rtol={rtol:g} "
-                                     f"(max abs error {max_abs:.3g}; first at flat index {idx}: "
-                                     f"expected {float(ef[idx]):.6g}, got {float(gf[idx]):.6g})",
-                              max_abs, rel)
-        limit = max_rel_l2.get(str(e.dtype).removeprefix("torch."))
-        if limit is not None and rel > limit:
-            return Comparison(False, f"{where}: relative L2 error {rel:.3g} exceeds {limit:g} for "
-                                     f"{str(e.dtype).removeprefix('torch.')} (lower precision than the task, "
-                                     "or values too small for the elementwise tolerance to mean anything)",
-                              max_abs, rel)
-    return Comparison(True, "", worst_abs, worst_rel)
+            return result(False, f"{where}: {n} of {ef.numel()} values outside atol={atol:g}, rtol={rtol:g} "
+                                 f"(max abs error {max_abs:.3g}; first at flat index {idx}: "
+                                 f"expected {float(ef[idx]):.6g}, got {float(gf[idx]):.6g})")
+        dtype = _dtype_name(e)
+        floor = max_rel_l2.get(dtype)
+        if floor is None:
+            continue
+        r64 = _float64_twin(expected64, i, e)
+        if r64 is not None:
+            r64f = r64.to(e.device).reshape(-1) if finite is None else r64.to(e.device)[finite]
+            if not bool(torch.isfinite(r64f).all()):
+                r64 = None  # float64 overflowed or failed where float32 did not: no basis to measure against
+        if r64 is not None:
+            norm64 = float(torch.linalg.vector_norm(r64f))
+            d_ref = float(torch.linalg.vector_norm(ef.double() - r64f))
+            d_out = float(torch.linalg.vector_norm(gf.double() - r64f))
+            if norm64 == 0.0:
+                noise = 0.0 if d_ref == 0.0 else float("inf")
+                err64 = 0.0 if d_out == 0.0 else float("inf")
+            else:
+                noise, err64 = d_ref / norm64, d_out / norm64
+            bound = rel_l2_bound(noise, floor=floor, multiple=noise_multiple, ceiling=rel_l2_ceiling)
+            worst64 = max(worst64 or 0.0, err64)
+            worst_noise = max(worst_noise or 0.0, noise) if math.isfinite(noise) else worst_noise
+            later[i] = bound + noise if math.isfinite(noise) else floor
+            ratio = err64 / bound if bound > 0 else (0.0 if err64 == 0.0 else float("inf"))
+            if ratio > closest:
+                closest, applied = ratio, bound
+            if err64 > bound:
+                return result(False, f"{where}: relative L2 error {err64:.3g} against the float64 reference exceeds "
+                                     f"the bound {bound:.3g} = clamp({noise_multiple:g} x {noise:.3g}, {floor:g}, "
+                                     f"{max(floor, rel_l2_ceiling):g}), {noise:.3g} being the {dtype} reference's "
+                                     f"own error against float64 (lower precision than the task, or values too "
+                                     f"small for the elementwise tolerance to mean anything)")
+            continue
+        carried = rel_l2_bounds[i] if rel_l2_bounds is not None and i < len(rel_l2_bounds) else None
+        limit = carried if carried is not None else floor
+        ratio = rel / limit if limit > 0 else (0.0 if rel == 0.0 else float("inf"))
+        if ratio > closest:
+            closest, applied = ratio, limit
+        if rel > limit:
+            basis = ("the bound found on the checked calls (float64 reference: bound plus the reference's "
+                     "own error)") if carried is not None else f"the fixed bound for {dtype}"
+            return result(False, f"{where}: relative L2 error {rel:.3g} exceeds {limit:.3g}, {basis} (lower "
+                                 "precision than the task, or values too small for the elementwise tolerance "
+                                 "to mean anything)")
+    return result(True)
 
 
 def degenerate_warnings(expected_sets: list[list[torch.Tensor]], *, atol: float, rtol: float) -> list[str]:

@@ -14,6 +14,7 @@ given, or anything that decides the verdict.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import random
@@ -96,6 +97,9 @@ class _Setup:
     in_bytes: int
     out_bytes: int
     outputs: list   # (shape, dtype name) per output, None for non-tensor outputs
+    # A float64 copy of ref_model for the checked calls (made on first use), or why there is none.
+    ref64: torch.nn.Module | None = None
+    ref64_problem: str | None = None
 
 
 class _Session:
@@ -107,6 +111,9 @@ class _Session:
         # candidate process says it timed the call
         self.protocol_ms: list[float] = []
         self.methods: list[str] = []
+        # Per output: bound on the error against the reference for calls without a float64
+        # reference, the largest found on the checked calls (None: the fixed per-dtype bound).
+        self.rel_l2_bounds: list | None = None
 
     @property
     def calls(self):
@@ -416,6 +423,27 @@ class Judge:
                    for t in probe]
         return _Setup(init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs)
 
+    def _expected64(self, setup: "_Setup", inputs: list) -> list | None:
+        """The reference on a checked call's inputs in float64 (a double copy of the model, made once
+        per setup; floating inputs cast to double), the basis of the noise-scaled bound. None where
+        that is off or impossible (an op without double support, a model that breaks when cast, no
+        memory for the copy): those calls keep the fixed bound."""
+        if self.config.ref_noise_multiple <= 0 or setup.ref64_problem is not None:
+            return None
+        try:
+            if setup.ref64 is None:
+                setup.ref64 = copy.deepcopy(setup.ref_model).double()
+            args = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            with torch.no_grad():
+                out = _to_list(setup.ref64(*args))
+        except Exception as exc:  # the task's code in float64: any failure means "no float64 basis"
+            setup.ref64 = None
+            setup.ref64_problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+            return None
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in out]
+
     def _start(self, task: Task, model_new: str, library: Path | None, setup: "_Setup", v: Verdict | None,
                deadline: float, trusted: bool) -> "_Session":
         """Start a process running `model_new` under the call protocol and construct its ModelNew."""
@@ -487,12 +515,13 @@ class Judge:
             t_ref = time.perf_counter()
             seed = secrets.randbits(63)
             inputs = self._inputs(ref, seed, i)
-            expected = None
+            expected = expected64 = None
             if judged:
                 with torch.no_grad():
                     expected = _to_list(setup.ref_model(*inputs))
                 if role == "check":
                     expected_checks.append([e.detach() if isinstance(e, torch.Tensor) else e for e in expected])
+                    expected64 = self._expected64(setup, inputs)
             if dev == "cuda":
                 torch.cuda.synchronize()
             t_prepare = time.perf_counter()
@@ -528,7 +557,7 @@ class Judge:
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
                 self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, v, recorded,
-                                 deadline)
+                                 deadline, expected64=expected64)
                 split["check"] += time.perf_counter() - t_reply
             if role == "timed" and not (judged and i in recorded) and claimed is not None:
                 inside.append(claimed)
@@ -541,6 +570,10 @@ class Judge:
                 v.phase_s[f"calls:{k}"] = v.phase_s.get(f"calls:{k}", 0.0) + x
             if expected_checks:
                 v.task_warnings = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
+            if setup.ref64_problem and cfg.ref_noise_multiple > 0:
+                note = f"no float64 reference ({setup.ref64_problem}): fixed relative L2 bounds"
+                if note not in v.notes:
+                    v.notes.append(note)
             if idle_cpu > 0.3 * idle_wall + 0.02:
                 raise _Stop(FC.TIMING, f"the candidate process used {idle_cpu * 1e3:.0f} ms of CPU time while it had "
                                        f"no call to serve ({idle_wall * 1e3:.0f} ms): work outside the timed calls")
@@ -550,7 +583,7 @@ class Judge:
 
     def _check_call(self, session: "_Session", i: int, role: str, inputs: list, meta: list, expected: list,
                     reply: dict, claimed: float | None, measured: float, v: Verdict, recorded: set[int],
-                    deadline: float) -> None:
+                    deadline: float, expected64: list | None = None) -> None:
         cfg = self.config
         plane = session.plane
         self._blocked(reply, v)
@@ -563,14 +596,31 @@ class Judge:
             got = [g.clone() if isinstance(g, torch.Tensor) else
                    tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in g) if isinstance(g, tuple) else g
                    for g in got]
-        cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2)
+        cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2,
+                              expected64=expected64, noise_multiple=cfg.ref_noise_multiple,
+                              rel_l2_ceiling=cfg.max_rel_l2_ceiling,
+                              rel_l2_bounds=None if role == "check" else session.rel_l2_bounds)
+        if role == "check":
+            # Later calls (no float64 reference) keep the widest bound the checked calls found.
+            old = session.rel_l2_bounds or [None] * len(cmp.later_bounds)
+            session.rel_l2_bounds = [b if a is None else a if b is None else max(a, b)
+                                     for a, b in zip(old, cmp.later_bounds)] or None
+            if cmp.rel_l2_err_f64 is not None:
+                v.max_rel_l2_err_f64 = max(v.max_rel_l2_err_f64 or 0.0, cmp.rel_l2_err_f64)
+            if cmp.ref_noise_rel_l2 is not None:
+                v.ref_noise_rel_l2 = max(v.ref_noise_rel_l2 or 0.0, cmp.ref_noise_rel_l2)
+            if cmp.rel_l2_bound is not None:
+                v.rel_l2_bound = min(v.rel_l2_bound, cmp.rel_l2_bound) if v.rel_l2_bound is not None \
+                    else cmp.rel_l2_bound
         if cmp.ok and len(expected) == 1 and isinstance(expected[0], torch.Tensor) \
                 and reply.get("structure") != "tensor":
             cmp = type(cmp)(False, f"output is a {reply.get('structure')}, expected a single tensor")
         v.max_abs_err = max(v.max_abs_err or 0.0, cmp.max_abs_err)
         v.max_rel_l2_err = max(v.max_rel_l2_err or 0.0, cmp.rel_l2_err)
         v.calls.append(CallRecord(index=i, role=role, inside_ms=claimed, outside_ms=measured,
-                                  max_abs_err=cmp.max_abs_err, rel_l2_err=cmp.rel_l2_err, ok=cmp.ok))
+                                  max_abs_err=cmp.max_abs_err, rel_l2_err=cmp.rel_l2_err,
+                                  rel_l2_err_f64=cmp.rel_l2_err_f64, ref_noise_rel_l2=cmp.ref_noise_rel_l2,
+                                  rel_l2_bound=cmp.rel_l2_bound, ok=cmp.ok))
         if not cmp.ok:
             raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}): {cmp.message}")
         v.n_checked += 1

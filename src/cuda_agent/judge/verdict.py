@@ -58,7 +58,10 @@ class CallRecord(BaseModel):
     inside_ms: float | None     # time the candidate process claimed
     outside_ms: float | None    # parent's clock minus calibrated overhead
     max_abs_err: float | None = None
-    rel_l2_err: float | None = None
+    rel_l2_err: float | None = None           # against the reference (its own dtype)
+    rel_l2_err_f64: float | None = None       # against the reference evaluated in float64 (checked calls)
+    ref_noise_rel_l2: float | None = None     # the reference's own error against its float64 evaluation
+    rel_l2_bound: float | None = None         # the bound applied: to rel_l2_err_f64 when that is set, else to rel_l2_err
     ok: bool = True
 
 
@@ -86,6 +89,12 @@ class Verdict(BaseModel):
     phase_s: dict[str, float] = Field(default_factory=dict)  # where the time went: build, baseline, start, calls (calls:* splits calls)
     max_abs_err: float | None = None
     max_rel_l2_err: float | None = None
+    # Tolerance scaled to the reference's own noise (checked calls, float64 reference): the worst
+    # error against float64, the reference's own worst error against it, and the tightest bound
+    # applied. rel_l2_bound is the fixed per-dtype bound when the reference cannot run in float64.
+    max_rel_l2_err_f64: float | None = None
+    ref_noise_rel_l2: float | None = None
+    rel_l2_bound: float | None = None
     n_checked: int = 0
     task_warnings: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -142,6 +151,9 @@ class Verdict(BaseModel):
             "runtime_spread_ms": [self.runtime.p10_ms, self.runtime.p90_ms] if self.runtime else None,
             "max_abs_err": self.max_abs_err,
             "max_rel_l2_err": self.max_rel_l2_err,
+            "max_rel_l2_err_f64": self.max_rel_l2_err_f64,
+            "ref_noise_rel_l2": self.ref_noise_rel_l2,
+            "rel_l2_bound": self.rel_l2_bound,
             "n_checked": self.n_checked,
             "build_s": self.build_s,
             "build_cached": self.build_cached,
