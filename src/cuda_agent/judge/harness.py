@@ -39,7 +39,7 @@ from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
-from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv, work_root_dir
+from .sandbox import SandboxError, SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv, work_root_dir
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
@@ -233,6 +233,8 @@ class Judge:
             v.eager = summarize(inside)
         except _Stop as stop:
             v.failure = stop.failure
+        except SandboxError as exc:  # this host cannot isolate the process: not the task's fault
+            v.failure = Failure(category=FC.JUDGE, message=str(exc))
         except Exception as exc:  # the task's own code raised in the harness (or the task is malformed)
             v.failure = Failure(category=FC.RUNTIME, message=f"{type(exc).__name__}: {exc}"[:4000])
         finally:
@@ -252,6 +254,8 @@ class Judge:
                 verdict.policy_violations.append(stop.failure.message)
         except JudgeError:
             raise
+        except SandboxError as exc:  # this host cannot isolate candidates: say what to fix
+            verdict.failure = Failure(category=FC.JUDGE, message=str(exc))
         except Exception as exc:  # a bug of the judge, reported as such and never blamed on the candidate
             import traceback
 
