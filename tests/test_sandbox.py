@@ -243,3 +243,28 @@ def test_incomplete_isolation_fails_the_verdict_as_the_judges_fault(tmp_path, mo
     assert not v.correct and v.reward == -1
     assert v.failure is not None and v.failure.category == FailureCategory.JUDGE
     assert "seccomp" in v.failure.message and "isolation" in v.failure.message
+
+
+@pytest.mark.gpu
+def test_cuda_spare_worker_runs_under_its_own_uid_with_the_gpu_plane(tmp_path):
+    """The CUDA path: spare workers (fresh interpreters) under their own uid and mount namespace
+    still reach the GPU, map the judge's GPU region (CUDA IPC across uids) and judge correctly."""
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import Judge, JudgeConfig
+    from cuda_agent.tasks import Task
+
+    task = Task.from_source("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                            "    def forward(self, x):\n        return torch.tanh(x)\n\n"
+                            "def get_inputs():\n    return [torch.randn(1 << 20)]\n\n"
+                            "def get_init_inputs():\n    return []\n", name="sandbox_tanh_cuda")
+    cand = Candidate.from_source(task.source.replace("class Model(", "class ModelNew("))
+    cfg = JudgeConfig(device="cuda", policy="lenient", compile_mode="none", n_timed=3, n_warmup=0, n_check=2,
+                      cache_dir=tmp_path, spares=1)
+    with Judge(cfg) as judge:
+        v = judge.evaluate(task, cand)
+    assert v.correct, v.failure
+    assert "seccomp" in v.isolation
+    if os.geteuid() == 0:
+        assert v.reduced_isolation == []
+        assert any(x.startswith("uid ") for x in v.isolation) and "private mounts" in v.isolation
+    assert not any("GPU sharing unavailable" in n for n in v.notes), v.notes

@@ -39,7 +39,8 @@ from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
-from .sandbox import SandboxError, SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv, work_root_dir
+from .sandbox import (SandboxError, SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv, seccomp_problem,
+                      work_root_dir)
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
@@ -405,6 +406,8 @@ class Judge:
                deadline: float, trusted: bool) -> "_Session":
         """Start a process running `model_new` under the call protocol and construct its ModelNew."""
         cfg = self.config
+        if not trusted and seccomp_problem():  # the judge's own check: a candidate cannot fake it
+            raise _Stop(FC.JUDGE, seccomp_problem())
         # The output half holds exactly what a correct candidate returns (plus slack); anything
         # larger is wrong anyway and is reported as such by the candidate's own harness.
         plane = DataPlane.create(setup.in_bytes, setup.out_bytes + (1 << 20))
@@ -846,7 +849,7 @@ class Judge:
         if build_failure is not None:
             v.compiled = False
             raise _Stop(build_failure.category, build_failure.message)
-        category = {"load": FC.LOAD, "init": FC.INIT, "runtime": FC.RUNTIME, "oom": FC.OOM, "judge": FC.JUDGE}.get(
+        category = {"load": FC.LOAD, "init": FC.INIT, "runtime": FC.RUNTIME, "oom": FC.OOM}.get(
             str(msg.get("category")), FC.RUNTIME)
         raise _Stop(category, str(msg.get("message", "the candidate reported an error"))[:6000])
 

@@ -462,6 +462,33 @@ def namespaces_problem(network: bool) -> str:
     return _NS_PROBLEM[network]
 
 
+_SECCOMP_PROBLEM: str | None = None
+
+
+def seccomp_problem() -> str:
+    """Empty when this host can install the candidate's seccomp filter; else what is wrong. Tried
+    once, in a throw-away child (a filter cannot be removed again)."""
+    global _SECCOMP_PROBLEM
+    if _SECCOMP_PROBLEM is None:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = 0 if install_seccomp() else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        import platform
+
+        _SECCOMP_PROBLEM = "" if ok else (
+            f"this host cannot confine candidate processes with the judge's seccomp filter (machine "
+            f"{platform.machine()}; the filter is written for x86-64 and needs seccomp filters and "
+            f"no_new_privs, which some containers forbid): judge on Linux x86-64, in a container that allows "
+            f"seccomp (e.g. docker's default profile, not --security-opt seccomp=... with a deny of seccomp())")
+    return _SECCOMP_PROBLEM
+
+
 _PROTECTED = False
 
 

@@ -251,6 +251,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         audit_hook = True
         missing += missing_in_self(init.get("require") or {})
         if missing:
+            # The judge checks the same from its side (before start, and the kernel's record after
+            # loading) and fails the verdict as its own; this refusal only keeps candidate code
+            # from running meanwhile.
             reply_error("judge", "isolation incomplete, no candidate code was run: " + "; ".join(missing))
             return 1
     try:
