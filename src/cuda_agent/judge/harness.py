@@ -40,8 +40,8 @@ from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
-from .sandbox import (SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, pin_threads, python_argv,
-                      work_root_dir)
+from .sandbox import (SandboxError, SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, pin_threads, python_argv,
+                      seccomp_problem, work_root_dir)
 from .tensorio import TransportError, nbytes_of, pack, packed_end, unpack
 from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
@@ -114,6 +114,7 @@ class _Session:
         # Per output: bound on the error against the reference for calls without a float64
         # reference, the largest found on the checked calls (None: the fixed per-dtype bound).
         self.rel_l2_bounds: list | None = None
+        self.reduced_isolation: list[str] = []  # what a judge that is not root cannot isolate
 
     @property
     def calls(self):
@@ -249,6 +250,8 @@ class Judge:
             v.eager = summarize(inside)
         except _Stop as stop:
             v.failure = stop.failure
+        except SandboxError as exc:  # this host cannot isolate the process: not the task's fault
+            v.failure = Failure(category=FC.JUDGE, message=str(exc))
         except Exception as exc:  # the task's own code raised in the harness (or the task is malformed)
             v.failure = Failure(category=FC.RUNTIME, message=f"{type(exc).__name__}: {exc}"[:4000])
         finally:
@@ -268,6 +271,8 @@ class Judge:
                 verdict.policy_violations.append(stop.failure.message)
         except JudgeError:
             raise
+        except SandboxError as exc:  # this host cannot isolate candidates: say what to fix
+            verdict.failure = Failure(category=FC.JUDGE, message=str(exc))
         except Exception as exc:  # a bug of the judge, reported as such and never blamed on the candidate
             import traceback
 
@@ -359,6 +364,7 @@ class Judge:
         built_before = v.phase_s.get("build") or 0.0
         session = self._start(task, cand.model_new, library, setup, v, deadline, trusted=False)
         v.isolation = session.proc.isolation
+        v.reduced_isolation = session.reduced_isolation
         # load_inline builds happen while the candidate starts; they count as build, not start
         v.phase_s["start"] = time.monotonic() - t_phase - ((v.phase_s.get("build") or 0.0) - built_before)
         try:
@@ -448,6 +454,8 @@ class Judge:
                deadline: float, trusted: bool) -> "_Session":
         """Start a process running `model_new` under the call protocol and construct its ModelNew."""
         cfg = self.config
+        if not trusted and seccomp_problem():  # the judge's own check: a candidate cannot fake it
+            raise _Stop(FC.JUDGE, seccomp_problem())
         # The output half holds exactly what a correct candidate returns (plus slack); anything
         # larger is wrong anyway and is reported as such by the candidate's own harness.
         plane = DataPlane.create(setup.in_bytes, setup.out_bytes + (1 << 20))
@@ -477,7 +485,8 @@ class Judge:
                        "init_args": init_meta, "state": state_meta, "state_names": setup.state_names,
                        "init_seed": setup.init_seed, "flush": cfg.flush_l2, "trusted": trusted,
                        "poison_bytes": setup.out_bytes if self.device == "cuda" else 0,
-                       "gpu_plane": shared.handle.hex() if shared is not None else None})
+                       "gpu_plane": shared.handle.hex() if shared is not None else None,
+                       "require": proc.required_isolation()})
             session.ready = self._serve_init(chan, proc, v if v is not None else _scratch_verdict(task),
                                              min(deadline, time.monotonic() + cfg.init_timeout_s))
             if shared is not None and session.ready.get("gpu_plane") is not True:
@@ -487,6 +496,13 @@ class Judge:
                 session.shared = None
                 plane.pin()
             proc.probe_isolation()
+            if not trusted:
+                # The kernel's record, not the process's word: a candidate whose isolation is
+                # incomplete may have done anything, so its numbers are not a verdict.
+                missing, session.reduced_isolation = proc.isolation_gaps(session.ready.get("audit_hook") is True)
+                if missing:
+                    raise _Stop(FC.JUDGE, "isolation of the candidate process was incomplete, so its results "
+                                          "cannot be trusted: missing " + "; ".join(missing))
         except BaseException:
             session.close()
             raise
@@ -807,7 +823,7 @@ class Judge:
             argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), *map(str, plane_args)),
             workdir=workdir, uid=uid, pass_fds=(child_sock.fileno(),) + ((plane.fd,) if plane else ()), env=env,
             address_space_mb=(self.config.memory_limit_mb + 8192) if self.device == "cpu" else None,
-            target="worker", target_args=list(plane_args[1:]))
+            target="worker", target_args=list(plane_args[1:]), hide=(self.config.cache_dir, self.work_root))
         try:
             proc = Sandboxed(spec, zygote)
         except BaseException:
@@ -963,24 +979,26 @@ class Judge:
 
 
 def _cpu_ns(pid: int) -> int:
-    """CPU time (ns) the process's threads have run so far, from the kernel's scheduler statistics.
+    """CPU time (ns) the process has used so far, every thread it ever ran included.
 
     On the CPU backend this is the outside clock: unlike wall time it does not grow while the
-    process waits for a core on a loaded machine, and the candidate cannot change it. Divided by
-    the number of cores it is a lower bound of the wall time the work needed.
+    process waits for a core on a loaded machine, and the candidate cannot change it (it is read
+    here, in the judge, from the kernel). Divided by the number of cores it is a lower bound of the
+    wall time the work needed. The process-wide CPU clock (CPUCLOCK_SCHED of another process:
+    `((~pid) << 3) | 2`) keeps the time of threads that have exited, which summing the live
+    threads' schedstat misses; /proc/<pid>/stat (exited threads included, clock-tick resolution)
+    is the fallback where that clock is unavailable.
     """
-    total = 0
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+        return time.clock_gettime_ns(((~pid) << 3) | 2)
+    except (OSError, OverflowError, AttributeError):
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
         return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                total += int(fh.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
 
 
 def _num(x) -> float | None:

@@ -6,10 +6,19 @@ What is isolated:
 - a scrubbed environment (no API keys, no PYTHONPATH; only what the toolchain needs);
 - rlimits: no core files, bounded file size, open files and (for a non-root sandbox uid) processes;
   address space on the CPU backend (CUDA reserves huge virtual ranges, so not there);
-- when root: a distinct uid/gid (cannot write the judge's files or read root-only files) and a new
-  network namespace with no interfaces (no network);
-- the parent's death kills it (PR_SET_PDEATHSIG);
+- when root: a distinct uid/gid (cannot write the judge's files, read root-only files or, not being
+  allowed to ptrace it, read the judge's memory through /proc/<pid>/mem), a new network namespace
+  with no interfaces (no network) and a new mount namespace: the judge's cache and work folders are
+  covered by empty read-only tmpfs (only the process's own workdir shows through), and where the
+  interpreter or the packages live under a folder other users cannot enter (a Python under /root),
+  that folder is replaced by a tmpfs exposing only those paths, bound read-only, so the uid drop
+  works there too. Each of these is required: a process for which one cannot be set up never
+  runs (SandboxError), and the judge checks the kernel's record of the result (`isolation_gaps`);
+- the parent's death kills it (PR_SET_PDEATHSIG, set again after the uid drop, which clears it);
 - a resident-memory watchdog in the parent.
+A judge that is not root keeps the reduced isolation (same uid, shared network and mounts) and says
+so in every verdict (`Verdict.reduced_isolation`); it makes itself non-dumpable so that a candidate
+of its own uid cannot read its memory either.
 
 What is not isolated: reads of world-readable files, the GPU itself (shared with the judge's own
 context; device memory is per process), CPU time of other processes (only wall-clock limits).
@@ -34,8 +43,15 @@ from pathlib import Path
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+
+
+class SandboxError(RuntimeError):
+    """The isolation a sandboxed process needs cannot be set up on this host (never the candidate's fault)."""
 
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
             "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
@@ -59,6 +75,7 @@ class SandboxSpec:
     isolate_network: bool = True
     target: str | None = None            # "worker" or "buildjob": what a zygote fork runs
     target_args: list = field(default_factory=list)
+    hide: tuple[Path, ...] = ()          # judge folders to cover (besides the work root and default cache)
 
 
 class Sandboxed:
@@ -72,7 +89,16 @@ class Sandboxed:
         self.spec = spec
         spec.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = spec.workdir / "process.log"
-        self.uid = spec.uid if (is_root() and spec.uid is not None and sandbox_uid_usable()) else None
+        _protect_judge()
+        self.uid = spec.uid if (is_root() and spec.uid is not None) else None
+        view = None
+        if is_root():
+            # Checked here, in the judge, so that a host that cannot isolate gets a clear error
+            # instead of a process that dies half set up.
+            problem = namespaces_problem(spec.isolate_network)
+            if problem:
+                raise SandboxError(problem)
+            view = private_view(spec.workdir, spec.hide, self.uid is not None)
         self.cgroup = _pids_cgroup(spec.max_procs)
         if self.uid is not None:
             _chown_tree(spec.workdir, self.uid)
@@ -86,7 +112,8 @@ class Sandboxed:
         self.env = env
         self.setup = {"workdir": str(spec.workdir), "uid": self.uid, "cgroup": self.cgroup,
                       "max_file_mb": spec.max_file_mb, "max_procs": spec.max_procs,
-                      "address_space_mb": spec.address_space_mb, "isolate_network": spec.isolate_network}
+                      "address_space_mb": spec.address_space_mb, "isolate_network": spec.isolate_network,
+                      "view": view}
         self.isolation: list[str] = ["own session", "scrubbed env", "rlimits", "parent-death kill"]
         if zygote is not None and spec.target is not None and zygote.usable():
             log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -122,6 +149,10 @@ class Sandboxed:
         what the judge wrote meanwhile)."""
         self._disk_free0 = _free_mb(self.spec.workdir)
 
+    def required_isolation(self) -> dict:
+        """What the process must find in force before it loads untrusted code (it checks itself)."""
+        return {"uid": self.uid, "netns": _netns(os.getpid()) if is_root() and self.spec.isolate_network else None}
+
     def probe_isolation(self) -> None:
         """Record network and system-call isolation as the kernel reports them (once running)."""
         if seccomp_mode(self.pid) == 2 and "seccomp" not in self.isolation:
@@ -129,6 +160,34 @@ class Sandboxed:
         if self.spec.isolate_network and is_root() and _netns(self.pid) not in (None, _netns(os.getpid())):
             if "no network" not in self.isolation:
                 self.isolation.append("no network")
+        if is_root() and _mntns(self.pid) not in (None, _mntns(os.getpid())) and "private mounts" not in self.isolation:
+            self.isolation.append("private mounts")
+
+    def isolation_gaps(self, audit_hook: bool) -> tuple[list[str], list[str]]:
+        """(missing, reduced) for a process that runs untrusted code, from the kernel's record of it.
+
+        `missing`: what should be in force and is not; a verdict with any cannot be trusted and
+        fails (the host is at fault, not the candidate). `reduced`: what a judge that is not root
+        cannot do at all (documented reduced isolation, reported in the verdict)."""
+        missing: list[str] = []
+        if seccomp_mode(self.pid) != 2:
+            missing.append("seccomp filter (the kernel reports none for the candidate process; needs Linux "
+                           "x86-64 with seccomp filters and no_new_privs)")
+        if not audit_hook:
+            missing.append("audit hook (the candidate process did not confirm it installed one)")
+        if not is_root():
+            return missing, ["separate uid (the judge is not root)", "network namespace (the judge is not root)",
+                             "mount namespace (the judge is not root)"]
+        if self.spec.uid is not None:
+            ids = _proc_status(str(self.pid)).get("Uid", "").split()
+            if not ids or any(x != str(self.spec.uid) for x in ids):
+                missing.append(f"uid drop (the candidate process runs as uid {ids[:1]}, not {self.spec.uid}; "
+                               f"needs root and mount namespaces: run the judge as root outside a "
+                               f"restricted container, or give the container CAP_SYS_ADMIN)")
+        if self.spec.isolate_network and _netns(self.pid) in (None, _netns(os.getpid())):
+            missing.append("network namespace (unshare(CLONE_NEWNET) was refused; give the container "
+                           "CAP_SYS_ADMIN or run the judge on the host)")
+        return missing, []
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -215,7 +274,8 @@ class Sandboxed:
 
 
 def enter_sandbox(setup: dict) -> None:
-    """Runs in the new process before any untrusted code: limits, namespaces, then the uid drop."""
+    """Runs in the new process before any untrusted code: limits, namespaces, then the uid drop.
+    Raises SandboxError when a required part cannot be set up: the process must then not run."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if setup.get("cgroup"):
         try:
@@ -232,13 +292,22 @@ def enter_sandbox(setup: dict) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     uid = setup.get("uid")
     if is_root():
-        if setup.get("isolate_network"):
-            _libc.unshare(CLONE_NEWNET)  # best effort: containers may forbid it
+        flags = CLONE_NEWNS | (CLONE_NEWNET if setup.get("isolate_network") else 0)
+        if _libc.unshare(flags) != 0:
+            raise SandboxError(f"unshare(namespaces) failed: {os.strerror(ctypes.get_errno())}")
+        _enter_view(setup.get("view") or {})
         if uid is not None:
+            parent = os.getppid()
             os.setgroups([])
             os.setgid(uid)
             resource.setrlimit(resource.RLIMIT_NPROC, (setup["max_procs"], setup["max_procs"]))
             os.setuid(uid)
+            # A change of uid clears the parent-death signal (and makes the process non-dumpable).
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+            if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid):
+                raise SandboxError(f"the uid drop to {uid} did not take")
     else:
         # RLIMIT_NPROC counts all of the user's processes; leave room for what already runs.
         soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
@@ -246,6 +315,190 @@ def enter_sandbox(setup: dict) -> None:
         if hard == resource.RLIM_INFINITY or want <= hard:
             resource.setrlimit(resource.RLIMIT_NPROC, (want, hard))
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the file system a sandboxed process sees (root only: a private mount namespace)
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = (lambda x: None if x is None else os.fsencode(x))
+    if _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise SandboxError(f"mount {source!r} on {target!r} failed: {os.strerror(err)}")
+
+
+def _enter_view(view: dict) -> None:
+    """In a fresh mount namespace (the caller unshared it): make every mount private (nothing done
+    here reaches the host), cover the judge's folders with empty read-only tmpfs, replace folders
+    other users cannot enter by a tmpfs that shows only the runtime paths (read-only binds), and
+    bind the process's own workdir back where it was."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    binds: list[tuple[str, bool]] = [(p, True) for p in view.get("expose", [])]
+    if view.get("workdir"):
+        binds.append((view["workdir"], False))
+    # Descriptors first: once a tmpfs covers a folder its contents can only be reached through them.
+    fds = [(os.open(path, os.O_PATH | os.O_CLOEXEC), path, ro) for path, ro in binds]
+    covers = list(view.get("barriers", [])) + list(view.get("hide", []))
+    for top in covers:
+        _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=4096")
+    for fd, path, ro in fds:
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+        if ro:
+            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+        os.close(fd)
+    for top in covers:
+        _mount(None, top, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if view.get("workdir"):
+        os.chdir(view["workdir"])  # the cwd must be the bound folder, not the covered original
+
+
+_RUNTIME_PATHS: list[str] | None = None
+
+
+def runtime_paths() -> list[str]:
+    """What a sandboxed interpreter reads: the interpreter's prefixes, every import path, torch and
+    this package (real paths, outermost only)."""
+    global _RUNTIME_PATHS
+    if _RUNTIME_PATHS is None:
+        import torch
+
+        here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # .../cuda_agent
+        cands = [os.path.dirname(os.path.realpath(sys.executable)), sys.prefix, sys.exec_prefix,
+                 sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.realpath(torch.__file__)),
+                 os.path.dirname(here), *sys.path]
+        for var in ("CUDA_HOME", "CUDA_PATH"):
+            if os.environ.get(var):
+                cands.append(os.environ[var])
+        real = sorted({os.path.realpath(p) for p in cands if p and os.path.isabs(p) and os.path.exists(p)})
+        real = [p if os.path.isdir(p) else os.path.dirname(p) for p in real]
+        out: list[str] = []
+        for p in sorted(set(real)):
+            if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+                out.append(p)
+        _RUNTIME_PATHS = out
+    return _RUNTIME_PATHS
+
+
+def _barrier(path: str) -> str | None:
+    """The outermost folder above `path` that other users cannot enter."""
+    parts = Path(path).parts
+    for i in range(2, len(parts)):
+        p = os.path.join(*parts[:i])
+        try:
+            if not os.stat(p).st_mode & 0o001:
+                return p
+        except OSError:
+            return None
+    return None
+
+
+def private_view(workdir: Path, hide: tuple[Path, ...], drop_uid: bool) -> dict:
+    """The mount plan of one sandboxed process (computed in the judge, applied by `_enter_view`)."""
+    workdir_s = os.path.realpath(workdir)
+    hidden: list[str] = []
+    for h in (*hide, work_root_dir(), _default_cache_dir()):
+        real = os.path.realpath(h)
+        if os.path.isdir(real) and real not in ("/", workdir_s) and real not in hidden:
+            hidden.append(real)
+    # outermost first, and none inside another (a tmpfs over the outer one hides them already)
+    hidden = [h for h in sorted(hidden) if not any(h.startswith(o + "/") for o in hidden if o != h)]
+    barriers: list[str] = []
+    expose: list[str] = []
+    if drop_uid:
+        for p in runtime_paths():
+            b = _barrier(p)
+            if b is not None and not any(p == h or p.startswith(h + "/") for h in hidden):
+                expose.append(p)
+                if b not in barriers:
+                    barriers.append(b)
+        wb = _barrier(workdir_s)
+        if wb is not None and not any(wb == h or wb.startswith(h + "/") for h in hidden) and wb not in barriers:
+            barriers.append(wb)
+    # The judge's precompiled binding headers (made by the judge, read-only to every sandbox uid)
+    # stay visible: builds link against them.
+    pch = os.path.realpath(work_root_dir() / "pch")
+    if os.path.isdir(pch) and any(pch.startswith(h + "/") for h in hidden):
+        expose.append(pch)
+    barriers = [b for b in sorted(barriers) if not any(b.startswith(o + "/") for o in barriers if o != b)]
+    # a barrier inside a hidden folder is covered by it; a hidden folder inside a barrier is gone already
+    hidden = [h for h in hidden if not any(h.startswith(b + "/") for b in barriers)]
+    barriers = [b for b in barriers if not any(b == h or b.startswith(h + "/") for h in hidden)]
+    covered = any(workdir_s.startswith(t + "/") for t in (*hidden, *barriers))
+    return {"expose": expose, "barriers": barriers, "hide": hidden, "workdir": workdir_s if covered else None}
+
+
+def _default_cache_dir() -> Path:
+    from .config import default_cache_dir
+
+    return default_cache_dir()
+
+
+_NS_PROBLEM: dict[bool, str] = {}
+
+
+def namespaces_problem(network: bool) -> str:
+    """Empty when this host lets root give a process its own mount (and network) namespace; else
+    what is wrong and how to fix it. Tried once, in a throw-away child."""
+    if network not in _NS_PROBLEM:
+        flags = CLONE_NEWNS | (CLONE_NEWNET if network else 0)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                if _libc.unshare(flags) == 0 and _libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE),
+                                                             None) == 0:
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        _NS_PROBLEM[network] = "" if ok else (
+            f"the judge runs as root but cannot give candidate processes their own mount"
+            f"{' and network' if network else ''} namespace (unshare refused), so it cannot isolate them "
+            f"(separate uid, no network, judge folders hidden). Fix the host: run the judge on the host or in a "
+            f"container with CAP_SYS_ADMIN (e.g. docker --cap-add SYS_ADMIN --security-opt seccomp=unconfined), "
+            f"or run it as an unprivileged user (reduced isolation, reported in every verdict).")
+    return _NS_PROBLEM[network]
+
+
+_SECCOMP_PROBLEM: str | None = None
+
+
+def seccomp_problem() -> str:
+    """Empty when this host can install the candidate's seccomp filter; else what is wrong. Tried
+    once, in a throw-away child (a filter cannot be removed again)."""
+    global _SECCOMP_PROBLEM
+    if _SECCOMP_PROBLEM is None:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = 0 if install_seccomp() else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        import platform
+
+        _SECCOMP_PROBLEM = "" if ok else (
+            f"this host cannot confine candidate processes with the judge's seccomp filter (machine "
+            f"{platform.machine()}; the filter is written for x86-64 and needs seccomp filters and "
+            f"no_new_privs, which some containers forbid): judge on Linux x86-64, in a container that allows "
+            f"seccomp (e.g. docker's default profile, not --security-opt seccomp=... with a deny of seccomp())")
+    return _SECCOMP_PROBLEM
+
+
+_PROTECTED = False
+
+
+def _protect_judge() -> None:
+    """The judge holds the reference outputs: reading /proc/<pid>/mem needs ptrace access, which a
+    non-dumpable process grants to no one without CAP_SYS_PTRACE, whatever their uid."""
+    global _PROTECTED
+    if not _PROTECTED:
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _PROTECTED = True
 
 
 class _ZygoteChild:
@@ -318,35 +571,6 @@ class Zygote:
         finally:
             self.proc.kill()
             self.proc.wait()
-
-
-_UID_USABLE: bool | None = None
-
-
-def sandbox_uid_usable() -> bool:
-    """A different uid can run this interpreter and import torch and this package only if every
-    folder above them is searchable by others (not so for a Python under /root)."""
-    global _UID_USABLE
-    if _UID_USABLE is None:
-        import torch
-
-        paths = [os.path.realpath(sys.executable), os.path.dirname(os.path.realpath(torch.__file__)),
-                 os.path.dirname(os.path.dirname(os.path.realpath(__file__)))]
-        _UID_USABLE = all(_world_reachable(p) for p in paths)
-    return _UID_USABLE
-
-
-def _world_reachable(path: str) -> bool:
-    parts = Path(path).parts
-    for i in range(1, len(parts) + 1):
-        p = os.path.join(*parts[:i])
-        try:
-            mode = os.stat(p).st_mode
-        except OSError:
-            return False
-        if os.path.isdir(p) and not mode & 0o001:
-            return False
-    return bool(os.stat(path).st_mode & 0o004) or os.path.isdir(path)
 
 
 def _pids_cgroup(max_procs: int) -> str | None:
@@ -434,6 +658,13 @@ def _chown_tree(root: Path, uid: int) -> None:
 def _netns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _mntns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
         return None
 
@@ -580,6 +811,21 @@ def install_seccomp() -> bool:
     SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, SYS_seccomp = 1, 1, 317
     rc = _libc.syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog))
     return rc == 0
+
+
+def missing_in_self(require: dict) -> list[str]:
+    """Run inside a sandboxed process before untrusted code: what the judge required of its
+    isolation (`Sandboxed.required_isolation`) and the kernel says is not in force."""
+    missing = []
+    uid = require.get("uid")
+    if uid is not None and (os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid)):
+        missing.append(f"uid drop (running as uid {os.getuid()}, not {uid})")
+    judge_net = require.get("netns")
+    if judge_net is not None and _netns(os.getpid()) in (None, judge_net):
+        missing.append("network namespace (shares the judge's network)")
+    if seccomp_mode(os.getpid()) != 2:
+        missing.append("seccomp filter (the kernel reports none)")
+    return missing
 
 
 def seccomp_mode(pid: int) -> int:

@@ -99,6 +99,10 @@ class Verdict(BaseModel):
     task_warnings: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     isolation: list[str] = Field(default_factory=list)   # what isolation was in force
+    # What was not isolated because the judge is not root (same uid, network and mounts as the
+    # judge): documented reduced isolation. Missing isolation a root judge should have had fails
+    # the verdict instead (failure category judge).
+    reduced_isolation: list[str] = Field(default_factory=list)
     seeds: dict[str, int] = Field(default_factory=dict)  # revealed after the run, for reproduction
     calls: list[CallRecord] = Field(default_factory=list)
     versions: dict[str, str] = Field(default_factory=dict)
@@ -162,4 +166,5 @@ class Verdict(BaseModel):
             "task_warnings": list(self.task_warnings),
             "notes": list(self.notes),
             "isolation": list(self.isolation),
+            "reduced_isolation": list(self.reduced_isolation),
         }

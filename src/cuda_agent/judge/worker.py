@@ -268,8 +268,6 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         timer = CallTimer(device)
         if init.get("reference_path"):
             sys.modules["model"] = load_module("model", init["reference_path"])
-        if init.get("library"):
-            sys.modules["cuda_extension"] = load_module("cuda_extension", init["library"])
         # the same numerics as the judge's references: no TF32 (trusted baselines time fp32 work)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -279,11 +277,28 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         reply_error("judge", f"worker setup failed: {_trim_traceback(exc)}")
         return 1
 
+    audit_hook = False
     if not init.get("trusted"):
-        from .sandbox import install_seccomp
+        # Every restriction is in place before any candidate code loads (the workspace library's
+        # static initialisers included); a process that cannot install one runs none of it.
+        from .sandbox import install_seccomp, missing_in_self
 
-        install_seccomp()  # the judge reads the kernel's own record of it
+        missing = [] if install_seccomp() else ["seccomp filter (refused by the kernel or not x86-64)"]
         _install_audit_hook(workdir, blocked)
+        audit_hook = True
+        missing += missing_in_self(init.get("require") or {})
+        if missing:
+            # The judge checks the same from its side (before start, and the kernel's record after
+            # loading) and fails the verdict as its own; this refusal only keeps candidate code
+            # from running meanwhile.
+            reply_error("judge", "isolation incomplete, no candidate code was run: " + "; ".join(missing))
+            return 1
+    try:
+        if init.get("library"):
+            sys.modules["cuda_extension"] = load_module("cuda_extension", init["library"])
+    except BaseException as exc:
+        reply_error("load", f"loading the workspace library failed:\n{_trim_traceback(exc)}")
+        return 1
     try:
         spec = importlib.util.spec_from_file_location("model_new", init["candidate_path"])
         module = importlib.util.module_from_spec(spec)
@@ -323,7 +338,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         reply_error("init", f"constructing ModelNew failed:\n{_trim_traceback(exc)}")
         return 1
     chan.send({"ok": True, "matched": matched, "unmatched": unmatched[:50], "blocked": blocked[:20],
-               "gpu_plane": shared is not None, "gpu_plane_error": shared_error, "timing_gate": timer.gate_problem})
+               "gpu_plane": shared is not None, "gpu_plane_error": shared_error, "audit_hook": audit_hook,
+               "timing_gate": timer.gate_problem})
 
     poison_bytes = int(init.get("poison_bytes", 0))
     inputs: list = []

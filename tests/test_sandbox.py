@@ -1,0 +1,270 @@
+"""The sandbox of candidate processes, checked from inside real sandboxed processes.
+
+What a candidate process must find (threat-model categories 14-16): a uid of its own even where the
+interpreter lives under a folder other users cannot enter, the judge's memory and folders out of
+reach, writes outside its workdir refused (libtorch's own file mapping included), and a CPU clock
+in the judge that counts threads which have already exited. These tests need root for the uid and
+the namespaces (as in CI); the parts that do not are run everywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.judge import sandbox as sb
+from cuda_agent.judge.harness import _cpu_ns
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="uid drop and namespaces need a root judge")
+
+BURN_IN_THREAD = textwrap.dedent("""
+    import threading, time
+    def burn():
+        t = time.thread_time()
+        while time.thread_time() - t < 0.4:
+            pass
+    th = threading.Thread(target=burn)
+    th.start()
+    th.join()                      # the thread has exited: no /proc/<pid>/task entry is left of it
+    print("done", flush=True)
+    time.sleep(30)
+""")
+
+
+def _wait_for(path: Path, text: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} in {path}: {path.read_text(errors='replace') if path.exists() else ''}")
+
+
+def test_cpu_clock_counts_threads_that_have_exited(tmp_path):
+    log = tmp_path / "out.txt"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-I", "-c", BURN_IN_THREAD], stdout=fh)
+    try:
+        _wait_for(log, "done")
+        live_threads = sum(1 for _ in os.scandir(f"/proc/{proc.pid}/task"))
+        assert live_threads == 1
+        assert _cpu_ns(proc.pid) >= 0.35e9
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@root_only
+def test_cpu_clock_reads_a_process_of_another_uid(tmp_path):
+    workdir = sb.new_workdir(sb.work_root_dir() / "runs", "clock-")
+    (workdir / "burn.py").write_text(BURN_IN_THREAD)
+    proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", str(workdir / "burn.py")], workdir=workdir,
+                                       uid=64321))
+    try:
+        _wait_for(proc.log_path, "done")
+        assert sb._proc_status(str(proc.pid)).get("Uid", "").split()[0] == "64321"
+        assert _cpu_ns(proc.pid) >= 0.35e9
+    finally:
+        proc.cleanup()
+
+
+INSIDE = textwrap.dedent("""
+    import json, os, sys
+    report = {"resuid": list(os.getresuid())}
+    import torch
+    import cuda_agent.judge.worker
+    report["torch"] = torch.__version__
+    pkg = os.path.dirname(os.path.realpath(cuda_agent.__file__))
+
+    def attempt(name, fn):
+        try:
+            report[name] = ["ok", repr(fn())[:200]]
+        except Exception as exc:
+            report[name] = ["refused", type(exc).__name__]
+
+    attempt("judge_mem", lambda: open(f"/proc/{JUDGE}/mem", "rb").read(1))
+    attempt("list_cache", lambda: os.listdir(CACHE))
+    attempt("read_cache_file", lambda: open(os.path.join(CACHE, "secret.txt")).read())
+    attempt("list_work_root", lambda: sorted(os.listdir(WORK)))
+    attempt("list_runs", lambda: sorted(os.listdir(os.path.join(WORK, "runs"))))
+    attempt("other_run", lambda: os.listdir(OTHER))
+    attempt("write_own", lambda: open("own.txt", "w").write("x"))
+    attempt("write_package", lambda: open(os.path.join(pkg, "CANDIDATE_WAS_HERE_sandbox_test.txt"), "w"))
+    attempt("from_file_package", lambda: torch.from_file(os.path.join(pkg, "CANDIDATE_WAS_HERE_ff.bin"), True, 8))
+    attempt("storage_from_file_package",
+            lambda: torch.UntypedStorage.from_file(os.path.join(pkg, "CANDIDATE_WAS_HERE_us.bin"), True, 8))
+    attempt("from_file_own", lambda: torch.from_file(os.path.abspath("own.bin"), True, 8).sum().item())
+    print("REPORT " + json.dumps(report), flush=True)
+""")
+
+
+@root_only
+def test_sandboxed_process_has_its_own_uid_and_sees_none_of_the_judge(tmp_path):
+    import cuda_agent
+
+    work = sb.work_root_dir()
+    # beside the work root, where every user can reach it: only the mount hides it
+    cache = Path(sb.new_workdir(work.parent, "test-cache-"))
+    (cache / "secret.txt").write_text("baseline")
+    os.chmod(cache, 0o755)
+    os.chmod(cache / "secret.txt", 0o644)
+    other = sb.new_workdir(work / "runs", "other-")
+    os.chmod(other, 0o755)
+    workdir = sb.new_workdir(work / "runs", "probe-")
+    code = INSIDE.replace("JUDGE", str(os.getpid())).replace("CACHE", repr(str(cache))) \
+        .replace("WORK", repr(str(work))).replace("OTHER", repr(str(other)))
+    (workdir / "probe.py").write_text(code)
+    uid = 64322
+    proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", str(workdir / "probe.py")], workdir=workdir,
+                                       uid=uid, hide=(cache,)))
+    try:
+        proc.proc.wait(timeout=120)
+        log = proc.log_tail(20000)
+    finally:
+        proc.cleanup()
+        sb._remove(other)
+        sb._remove(cache)
+    lines = [ln for ln in log.splitlines() if ln.startswith("REPORT ")]
+    assert lines, log
+    r = json.loads(lines[-1][len("REPORT "):])
+    assert r["resuid"] == [uid] * 3
+    assert r["torch"]
+    assert r["judge_mem"][0] == "refused"
+    assert r["list_cache"] == ["ok", "[]"]  # an empty tmpfs over the cache
+    assert r["read_cache_file"][0] == "refused"
+    # only the path to its own workdir, and the judge's precompiled headers (read-only, for builds)
+    assert r["list_work_root"][0] == "ok" and set(ast.literal_eval(r["list_work_root"][1])) <= {"runs", "pch"}
+    assert r["list_runs"] == ["ok", repr([workdir.name])]
+    assert r["other_run"][0] == "refused"
+    assert r["write_own"][0] == "ok"
+    assert r["from_file_own"][0] == "ok"
+    for key in ("write_package", "from_file_package", "storage_from_file_package"):
+        assert r[key][0] == "refused", (key, r[key])
+    pkg = Path(cuda_agent.__file__).resolve().parent
+    assert not list(pkg.glob("CANDIDATE_WAS_HERE*"))
+
+
+@root_only
+def test_runtime_under_a_private_home_is_exposed_read_only():
+    """Where the interpreter lives under a folder others cannot enter (/root here and in CI), the
+    plan covers that folder and binds only the runtime paths back."""
+    view = sb.private_view(sb.work_root_dir(), (), drop_uid=True)
+    hidden_prefix = [p for p in sb.runtime_paths() if sb._barrier(p) is not None]
+    for p in hidden_prefix:
+        assert p in view["expose"]
+        assert sb._barrier(p) in view["barriers"]
+    for b in view["barriers"]:
+        assert not os.stat(b).st_mode & 0o001
+
+
+def test_missing_isolation_is_named_before_candidate_code_runs():
+    """What a worker checks in itself before loading candidate code: this test process has no
+    seccomp filter, and its uid and network are the ones it is told must differ."""
+    missing = sb.missing_in_self({"uid": os.getuid() + 1, "netns": sb._netns(os.getpid())})
+    text = "; ".join(missing)
+    assert "uid drop" in text and "network namespace" in text and "seccomp" in text
+
+
+@root_only
+def test_isolation_gaps_are_read_from_the_kernel(tmp_path):
+    """A process without the network namespace it was required to have, and without seccomp, is
+    reported as incomplete; the same process checked against what it was given is complete on
+    uid and network."""
+    workdir = sb.new_workdir(sb.work_root_dir() / "runs", "gaps-")
+    (workdir / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
+    proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", str(workdir / "wait.py")], workdir=workdir,
+                                       uid=64323, isolate_network=False))
+    try:
+        _wait_for(proc.log_path, "up")
+        missing, reduced = proc.isolation_gaps(audit_hook=True)
+        assert reduced == []
+        assert len(missing) == 1 and "seccomp" in missing[0]  # a plain script installs none
+        proc.spec.isolate_network = True  # now judged against a requirement it was not given
+        missing, _ = proc.isolation_gaps(audit_hook=False)
+        text = "; ".join(missing)
+        assert "network namespace" in text and "audit hook" in text and "uid" not in text
+    finally:
+        proc.cleanup()
+
+
+def _tanh_task_and_candidate():
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.tasks import Task
+
+    task = Task.from_source("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                            "    def forward(self, x):\n        return torch.tanh(x)\n\n"
+                            "def get_inputs():\n    return [torch.randn(256)]\n\n"
+                            "def get_init_inputs():\n    return []\n", name="sandbox_tanh")
+    return task, Candidate.from_source(task.source.replace("class Model(", "class ModelNew("))
+
+
+def _config(tmp_path, **kw):
+    from cuda_agent.judge import JudgeConfig
+
+    return JudgeConfig(device="cpu", policy="lenient", compile_mode="none", n_timed=3, n_warmup=0, n_check=2,
+                       cache_dir=tmp_path, **kw)
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "fresh-interpreter"])
+def test_verdict_reports_the_isolation_in_force(tmp_path, zygote):
+    from cuda_agent.judge import Judge
+
+    task, cand = _tanh_task_and_candidate()
+    with Judge(_config(tmp_path, use_zygote=zygote, spares=0)) as judge:
+        v = judge.evaluate(task, cand)
+    assert v.correct, v.failure
+    assert "seccomp" in v.isolation
+    if os.geteuid() == 0:
+        assert v.reduced_isolation == []
+        assert any(x.startswith("uid ") for x in v.isolation)
+        assert "no network" in v.isolation and "private mounts" in v.isolation
+    else:
+        assert any("separate uid" in x for x in v.reduced_isolation)
+    assert v.summary()["reduced_isolation"] == v.reduced_isolation
+
+
+def test_incomplete_isolation_fails_the_verdict_as_the_judges_fault(tmp_path, monkeypatch):
+    """The judge reads seccomp from the kernel's record; where that record says none (simulated
+    here by the reader, the candidate process itself is real), the verdict fails as `judge`."""
+    from cuda_agent.judge import FailureCategory, Judge
+
+    task, cand = _tanh_task_and_candidate()
+    monkeypatch.setattr(sb, "seccomp_mode", lambda pid: 0)
+    with Judge(_config(tmp_path, spares=0)) as judge:
+        v = judge.evaluate(task, cand)
+    assert not v.correct and v.reward == -1
+    assert v.failure is not None and v.failure.category == FailureCategory.JUDGE
+    assert "seccomp" in v.failure.message and "isolation" in v.failure.message
+
+
+@pytest.mark.gpu
+def test_cuda_spare_worker_runs_under_its_own_uid_with_the_gpu_plane(tmp_path):
+    """The CUDA path: spare workers (fresh interpreters) under their own uid and mount namespace
+    still reach the GPU, map the judge's GPU region (CUDA IPC across uids) and judge correctly."""
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import Judge, JudgeConfig
+    from cuda_agent.tasks import Task
+
+    task = Task.from_source("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                            "    def forward(self, x):\n        return torch.tanh(x)\n\n"
+                            "def get_inputs():\n    return [torch.randn(1 << 20)]\n\n"
+                            "def get_init_inputs():\n    return []\n", name="sandbox_tanh_cuda")
+    cand = Candidate.from_source(task.source.replace("class Model(", "class ModelNew("))
+    cfg = JudgeConfig(device="cuda", policy="lenient", compile_mode="none", n_timed=3, n_warmup=0, n_check=2,
+                      cache_dir=tmp_path, spares=1)
+    with Judge(cfg) as judge:
+        v = judge.evaluate(task, cand)
+    assert v.correct, v.failure
+    assert "seccomp" in v.isolation
+    if os.geteuid() == 0:
+        assert v.reduced_isolation == []
+        assert any(x.startswith("uid ") for x in v.isolation) and "private mounts" in v.isolation
+    assert not any("GPU sharing unavailable" in n for n in v.notes), v.notes
