@@ -528,7 +528,20 @@ class Judge:
                     deadline: float) -> None:
         cfg = self.config
         plane = session.plane
+        # Tampering first: a changed global flag or a replaced function can also change the outputs
+        # (lower matmul precision, for one, on CPUs with AMX), and then the verdict must name the cause.
+        known = len(v.policy_violations)
         self._blocked(reply, v)
+        if len(v.policy_violations) > known:  # the sandbox refused something during this call
+            raise _Stop(FC.POLICY, v.policy_violations[known])
+        tampered = _strs(reply.get("tampered"))
+        if tampered:
+            v.policy_violations.append(f"forward replaced library functions: {', '.join(tampered[:5])}")
+            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
+        changed = _strs(reply.get("flags_changed"))
+        if changed:
+            v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")
+            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
         try:
             got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
                          self.device if session.shared is not None else "cpu")
@@ -573,14 +586,6 @@ class Judge:
             if found:
                 v.policy_violations.extend(found)
                 raise _Stop(FC.POLICY, found[0])
-        tampered = _strs(reply.get("tampered"))
-        if tampered:
-            v.policy_violations.append(f"forward replaced library functions: {', '.join(tampered[:5])}")
-            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
-        changed = _strs(reply.get("flags_changed"))
-        if changed:
-            v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")
-            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
 
     def _baseline(self, task: Task, ref: _Reference, mode: str) -> "_Baseline":
         """Times of a trusted implementation under the very protocol candidates get, with no
