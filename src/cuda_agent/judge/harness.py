@@ -38,7 +38,7 @@ from .build import Builder, BuildError, BuildSpec, build_arch, inline_spec, libr
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
-from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
+from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ErrorCategory, ProtocolError, send_plane
 from .sandbox import SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, python_argv, work_root_dir
 from .tensorio import TransportError, nbytes_of, pack, unpack
 from .timing import reconcile, summarize
@@ -784,7 +784,7 @@ class Judge:
                 deadline += time.monotonic() - started
                 continue
             if not msg.get("ok"):
-                self._raise_reported(msg, v)
+                self._raise_reported(msg, v, setup=True)
             self._blocked(msg, v)
             return msg
 
@@ -827,7 +827,7 @@ class Judge:
             os.chown(dest, proc.uid, proc.uid)
         return {"ok": True, "library": str(dest)}
 
-    def _raise_reported(self, msg: dict, v: Verdict | None) -> None:
+    def _raise_reported(self, msg: dict, v: Verdict | None, setup: bool = False) -> None:
         if v is None:  # a trusted baseline run: nothing to blame on a candidate
             raise _Stop(FC.JUDGE, str(msg.get("message", "the baseline process reported an error"))[:6000])
         self._blocked(msg, v)
@@ -837,9 +837,10 @@ class Judge:
         if build_failure is not None:
             v.compiled = False
             raise _Stop(build_failure.category, build_failure.message)
-        category = {"load": FC.LOAD, "init": FC.INIT, "runtime": FC.RUNTIME, "oom": FC.OOM}.get(
-            str(msg.get("category")), FC.RUNTIME)
-        raise _Stop(category, str(msg.get("message", "the candidate reported an error"))[:6000])
+        reported = ErrorCategory.parse(msg.get("category"))
+        if reported is ErrorCategory.JUDGE and not setup:  # the worker reports its set-up only before any call
+            reported = ErrorCategory.RUNTIME
+        raise _Stop(FC(reported.value), str(msg.get("message", "the candidate reported an error"))[:6000])
 
     @staticmethod
     def _blocked(msg: dict, v: Verdict) -> None:
