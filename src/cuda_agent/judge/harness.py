@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from cuda_agent import host
 from cuda_agent.candidate import Candidate
 from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
@@ -182,16 +183,15 @@ class Judge:
             raise JudgeError("device 'cuda' requested but CUDA is not available (use --device cpu)")
         self.device_name = (torch.cuda.get_device_name(0) if self.device == "cuda"
                             else f"cpu x{os.cpu_count()}")
-        self._cores = len(os.sched_getaffinity(0)) or 1
+        self._cores = host.usable_cores()
         # References in true fp32: TF32 matmul/convolution would make the reference itself the
         # less precise side (the fp32 tolerance is 1e-4 relative L2). Process-wide by necessity.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        host.true_fp32(torch)
         self.arch = arch = build_arch(self.device, config.arch)
         # Two judges must not share a uid (cleaning up after one's worker would kill the other's):
         # the process id spreads processes, the instance count the judges of one process.
         Judge._instances += 1
-        self.uid = (config.sandbox_uid or 61000 + (os.getpid() + 997 * Judge._instances) % 4000) if is_root() else None
+        self.uid = (config.sandbox_uid or host.judge_uid(os.getpid() + 997 * Judge._instances)) if is_root() else None
         self.work_root = work_root_dir()
         self._zygote: Zygote | None = None
         self._spares: list[tuple[Sandboxed, socket.socket]] = []  # workers started ahead of need, oldest first
@@ -199,7 +199,7 @@ class Judge:
         # Builds run under their own uid: cleaning up after a build kills every process of its uid,
         # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
-                               uid=None if self.uid is None else self.uid + 5000, zygote=self._get_zygote)
+                               uid=None if self.uid is None else host.build_uid(self.uid), zygote=self._get_zygote)
         self.baseline_store = baseline_store or FileBaselineStore(config.cache_dir / "baselines")
         self._integrity = _package_files()
         self._references: dict[str, _Reference] = {}
@@ -292,7 +292,7 @@ class Judge:
         """Every uid this judge runs candidate processes under (empty when it cannot drop privileges)."""
         if self.uid is None:
             return set()
-        return {self.uid + 10000 * i for i in range(self.config.spares + 1)}
+        return {host.spare_uid(self.uid, i) for i in range(self.config.spares + 1)}
 
     def __enter__(self) -> "Judge":
         return self
@@ -726,7 +726,7 @@ class Judge:
         if self.uid is not None and zygote is None:
             # Live worker and spares never share a uid: at most 1 + spares are alive at once.
             self._launches += 1
-            uid = self.uid + 10000 * (self._launches % (self.config.spares + 1))
+            uid = host.spare_uid(self.uid, self._launches % (self.config.spares + 1))
         spec = SandboxSpec(
             argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), *map(str, plane_args)),
             workdir=workdir, uid=uid, pass_fds=(child_sock.fileno(),) + ((plane.fd,) if plane else ()), env=env,

@@ -145,6 +145,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from cuda_agent.host import is_out_of_memory, true_fp32
+
     from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
     from .tensorio import pack, unpack
     from .timing import CacheFlusher, CallTimer
@@ -232,8 +234,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if init.get("reference_path"):
             sys.modules["model"] = load_module("model", init["reference_path"])
         # the same numerics as the judge's references: no TF32 (trusted baselines time fp32 work)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        true_fp32(torch)
         flags_before = _numeric_flags(torch)
         watched = _watch(torch)
     except BaseException as exc:  # the harness itself failed before any candidate code ran
@@ -352,8 +353,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                        "tampered": tampered, "ops": ops[:4096], "kernels": kernels[:512], "flags_changed": changed,
                        "blocked": blocked[:20]})
         except BaseException as exc:
-            oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
-            category = ErrorCategory.OOM if isinstance(exc, oom_types) else ErrorCategory.RUNTIME
+            category = ErrorCategory.OOM if is_out_of_memory(exc) else ErrorCategory.RUNTIME
             reply_error(category, f"forward failed:\n{_trim_traceback(exc)}")
             return 1
 
