@@ -1,8 +1,83 @@
-"""Shared pytest configuration: tests marked `gpu` run only where torch sees a CUDA device."""
+"""Shared pytest configuration.
+
+Two tiers: the fast one (`-m "not slow"`) is pure Python - parsing, records, units, policy checks,
+CLI usage errors - and compiles nothing; the slow one (`-m slow`) builds C++, runs torch.compile,
+judges candidates end to end or runs synthesis. Which tests are slow is listed here, in one place,
+rather than left to each file. In the fast tier the C++ toolchain is replaced by stand-ins that
+exit with status 97 and a message naming the rule (torch's extension builder often reports only
+the status: "'c++' ... returned non-zero exit status 97" means this), so a test that starts compiling is caught there instead of
+quietly making the fast tier slow. Tests marked `gpu` run only where torch sees a CUDA device.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
 import pytest
+
+# Modules whose every test is slow: each judges candidates end to end, drives a synthesis run or a
+# CLI command that does, or builds C++.
+SLOW_MODULES = frozenset({
+    "test_agent_e2e.py",          # an agent run that builds and judges its kernel
+    "test_bench_resume.py",       # a bench run of real candidates, killed and resumed
+    "test_check_reference.py",    # references checked in judge worker processes
+    "test_synth_pipeline.py",     # synthesis runs (generate, filter, judge, export)
+    "test_timing_remeasure.py",   # judges a built OpenMP candidate
+})
+
+# Single slow tests in modules that are otherwise fast (module file name -> test function names).
+SLOW_TESTS = {
+    "test_adversarial.py": {"test_cpu_fixture", "test_cuda_fixture", "test_cpu_judge_survives_faults",
+                            "test_cuda_judge_survives_faults"},
+    "test_cli.py": {"test_eval_json_contract_for_an_honest_candidate", "test_eval_exits_zero_with_a_failing_verdict",
+                    "test_build_ahead_fills_the_judges_cache"},
+    "test_judge_units.py": {"test_spare_workers_are_kept_under_distinct_uids_and_used",
+                            "test_a_worker_set_up_failure_is_the_judges_not_the_candidates"},
+    "test_pool.py": {"test_real_judge_through_the_pool_keeps_baselines_in_the_database"},
+    "test_prebuild.py": {"test_a_prebuilt_candidate_is_a_cache_hit_for_the_judge",
+                         "test_workspace_builds_link_one_shared_binding_object"},
+    "test_suite.py": {"test_cpu_solution_passes", "test_cuda_solution_passes", "test_bench_cli_runs_the_cpu_suite"},
+    # torch.compile; and two that wait out a hung task's timeout and a worker's task budget
+    "test_synth_filters.py": {"test_compile_filter_keeps_a_matching_task_and_rejects_a_mismatch",
+                              "test_a_crashing_or_hanging_task_costs_only_that_task",
+                              "test_worker_is_replaced_after_its_task_budget"},
+}
+
+# What the fast tier may not run: compilers, the build tool torch's extension builder drives, nvcc.
+_TOOLCHAIN = ("c++", "g++", "gcc", "cc", "clang", "clang++", "nvcc", "ninja")
+
+
+def is_slow(item: pytest.Item) -> bool:
+    module = Path(str(item.fspath)).name
+    name = getattr(item, "originalname", None) or item.name.split("[")[0]
+    return module in SLOW_MODULES or name in SLOW_TESTS.get(module, ()) or "slow" in item.keywords
+
+
+def _fast_tier_only(config: pytest.Config) -> bool:
+    return (config.getoption("markexpr", "") or "").replace(" ", "") in ("notslow", "(notslow)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _fast_tier_only(config):
+        return
+    # Stand-ins first on PATH (inherited by every process the tests start, judge workers included):
+    # a fast-tier test that reaches a compiler fails with this message in its build log.
+    shims = Path(tempfile.mkdtemp(prefix="fast-tier-toolchain-"))
+    shims.chmod(0o755)  # judge workers run under other uids
+    config.add_cleanup(lambda: shutil.rmtree(shims, ignore_errors=True))
+    for tool in _TOOLCHAIN:
+        shim = shims / tool
+        shim.write_text(f"#!/bin/sh\necho \"error: fast test tier: {tool} was run; a test that builds C++ or runs "
+                        "torch.compile belongs to the slow tier (tests/conftest.py SLOW_MODULES / SLOW_TESTS)\"\n"
+                        "exit 97\n")
+        shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    os.environ["PATH"] = f"{shims}{os.pathsep}{os.environ.get('PATH', '')}"
+    for var in ("CC", "CXX"):  # an absolute compiler path in the environment would go around PATH
+        os.environ.pop(var, None)
 
 
 def _cuda_available() -> bool:
@@ -14,7 +89,12 @@ def _cuda_available() -> bool:
         return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = pytest.mark.slow
+    for item in items:
+        if is_slow(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(slow)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")

@@ -462,3 +462,43 @@ def test_same_sources_built_at_once_compile_once(tmp_path, monkeypatch):
     assert not errors and len(runs) == 1
     assert sorted(r.cached for r in results) == [False, True]
     assert results[0].library == results[1].library and results[0].library.exists()
+
+
+def test_worker_error_categories_are_failure_categories():
+    """One vocabulary on both sides of the channel: every category a worker can report is a
+    FailureCategory of the same value, and a word the worker does not use is the candidate's runtime error."""
+    from cuda_agent.judge.protocol import ErrorCategory
+    from cuda_agent.judge.verdict import FailureCategory
+
+    assert {c.value for c in ErrorCategory} <= {c.value for c in FailureCategory}
+    assert ErrorCategory.parse("judge") is ErrorCategory.JUDGE and ErrorCategory.parse("oom") is ErrorCategory.OOM
+    for word in ("crash", "tampering", None, 3, ["judge"]):
+        assert ErrorCategory.parse(word) is ErrorCategory.RUNTIME
+
+
+def test_a_worker_set_up_failure_is_the_judges_not_the_candidates(tmp_path):
+    """The worker loads the task's reference before any candidate code runs; when that fails, the
+    verdict blames the judge. The reference here refuses to import beside a candidate file that
+    carries a marker, so the judge's own process and the baseline runs load it and only the
+    candidate's worker fails, while setting itself up."""
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import FailureCategory, Judge, JudgeConfig
+    from cuda_agent.tasks import Task
+
+    marker = "worker-setup-" + "probe"
+    task = Task.from_source(
+        "import pathlib\nimport torch\nimport torch.nn as nn\n\n"
+        "_beside = pathlib.Path('model_new.py')\n"
+        f"if _beside.exists() and {marker!r} in _beside.read_text():\n"
+        "    raise RuntimeError('this reference does not load beside that candidate')\n\n"
+        "class Model(nn.Module):\n    def forward(self, x):\n        return torch.tanh(x)\n\n"
+        "def get_inputs():\n    return [torch.randn(256)]\n\n"
+        "def get_init_inputs():\n    return []\n", name="setup_probe")
+    cand = Candidate.from_source(f"# {marker}\nimport torch\nimport torch.nn as nn\n\n"
+                                 "class ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.tanh(x)\n")
+    cfg = JudgeConfig(device="cpu", policy="lenient", compile_mode="none", n_timed=3, n_warmup=0, n_check=1,
+                      cache_dir=tmp_path)
+    with Judge(cfg) as judge:
+        v = judge.evaluate(task, cand)
+    assert v.failure is not None and v.failure.category is FailureCategory.JUDGE, v.failure
+    assert "worker setup failed" in v.failure.message and "does not load beside" in v.failure.message

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -30,7 +29,8 @@ CompileOpt = Annotated[Optional[str], typer.Option(
 ConfigOpt = Annotated[Optional[Path], typer.Option(
     "--config", help="judge settings from a TOML or JSON file (fields of JudgeConfig)")]
 SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "-c", "--set", help="override one JudgeConfig field, e.g. -c atol=1e-3 -c n_timed=50")]
+    "-c", "--set", help="override one JudgeConfig field, e.g. -c atol=1e-3 -c n_timed=50 "
+                        "(nested: -c reward.fail=-2)")]
 
 
 def _fail(message: str, code: int = EXIT_JUDGE) -> None:
@@ -38,40 +38,16 @@ def _fail(message: str, code: int = EXIT_JUDGE) -> None:
     raise typer.Exit(code)
 
 
-def read_settings(path: Optional[Path]) -> dict:
-    """A settings file (TOML by its suffix, else JSON) as a dict; a usage error (exit 2) if unreadable."""
-    if path is None:
-        return {}
-    try:
-        text = path.read_text()
-        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (OSError, ValueError) as exc:
-        _fail(f"{path}: {exc}", 2)
-    if not isinstance(values, dict):
-        _fail(f"{path}: expected a table of settings", 2)
-    return values
-
-
 def build_config(config: Optional[Path], sets: Optional[list[str]], **flags):
-    from pydantic import ValidationError
-
+    """The judge's settings: the file (its [judge] table, or all of it), then -c, then the flags;
+    any mistake in them is a usage error (exit 2) that says what is wrong."""
     from cuda_agent.judge import JudgeConfig
+    from cuda_agent.settings import SettingsError, load
 
-    values = read_settings(config)
-    values = values.get("judge", values)
-    for item in sets or []:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            _fail(f"-c expects key=value, got {item!r}", 2)
-        try:
-            values[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            values[key.strip()] = raw
-    values.update({k: v for k, v in flags.items() if v is not None})
     try:
-        return JudgeConfig(**values)
-    except ValidationError as exc:
-        _fail(f"invalid judge settings:\n{exc}", 2)
+        return load(JudgeConfig, config, sets or [], section="judge", flags=flags, what="judge settings")
+    except SettingsError as exc:
+        _fail(str(exc), 2)
 
 
 @app.command("eval")

@@ -59,33 +59,48 @@ PolicyOpt = Annotated[Optional[str], typer.Option("--policy", help="strict (defa
 CompileOpt = Annotated[Optional[str], typer.Option("--compile-mode", help="torch.compile mode of the baseline, "
                                                    "or none to skip it")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="judge settings from a TOML or JSON file")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("-c", "--set", help="override one JudgeConfig field")]
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "-c", "--set", help="override one setting: a JudgeConfig field (-c n_timed=50, or -c judge.n_timed=50), "
+                        "an AgentConfig field (-c agent.max_turns=20, -c agent.tools.observation_chars=4000) or a "
+                        "ModelConfig field (-c model.temperature=0.2)")]
 
 
 def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns, context_tokens, agent_file,
            device, policy, compile_mode, config, set_):
-    """Model client, judge gate and agent settings: flags over the settings file over the environment."""
+    """Model client, judge gate and agent settings: flags over -c over the settings file over the
+    environment; a mistake in any of them is a usage error (exit 2)."""
     from pydantic import ValidationError
 
-    from cuda_agent.cli import build_config, read_settings
+    from cuda_agent.judge import JudgeConfig
+    from cuda_agent.settings import SettingsError, apply_overrides, explain, load, read_file, split_overrides
 
     from .client import ChatClient, ModelConfig, ModelError
     from .loop import AgentConfig
     from .tools import JudgeGate
 
-    judge_config = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
-    values = read_settings(agent_file)
-
-    def merged(section: str, **flags) -> dict:
-        return {**values.get(section, {}), **{k: v for k, v in flags.items() if v is not None}}
-
+    routed = split_overrides(set_, ("judge", "agent", "model"), default="judge")
     try:
-        model_config = ModelConfig.from_env(**merged("model", base_url=base_url, model=model, api_key=api_key,
-                                                     tool_mode=tool_mode, temperature=temperature,
-                                                     max_tokens=max_tokens))
-        agent_config = AgentConfig(**merged("agent", max_turns=max_turns, context_tokens=context_tokens))
-    except ValidationError as exc:
-        err.print(f"[red]error:[/red] invalid settings:\n{exc}")
+        judge_config = load(JudgeConfig, config, routed["judge"], section="judge", what="judge settings",
+                            flags=dict(device=device, policy=policy, compile_mode=compile_mode))
+        values = read_file(agent_file)
+
+        def merged(section: str, config_model, **flags) -> dict:
+            part = values.get(section, {})
+            if not isinstance(part, dict):
+                raise SettingsError(f"{agent_file}: {section} must be a table of {config_model.__name__} fields")
+            part = apply_overrides(part, routed[section], config_model)
+            return {**part, **{k: v for k, v in flags.items() if v is not None}}
+
+        model_values = merged("model", ModelConfig, base_url=base_url, model=model, api_key=api_key,
+                              tool_mode=tool_mode, temperature=temperature, max_tokens=max_tokens)
+        try:
+            model_config = ModelConfig.from_env(**model_values)
+        except ValidationError as exc:
+            raise explain(ModelConfig, exc, "model settings") from None
+        agent_config = load(AgentConfig, flags=merged("agent", AgentConfig, max_turns=max_turns,
+                                                      context_tokens=context_tokens), what="agent settings")
+    except SettingsError as exc:
+        err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
     try:
         client = ChatClient(model_config)

@@ -18,6 +18,8 @@ import statistics
 import sys
 import time
 
+from cuda_agent.host import true_fp32
+
 
 def _load(name: str, path: str):
     if path.endswith(".so"):
@@ -58,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     dev = torch.device(args.device)
-    torch.backends.cuda.matmul.allow_tf32 = False  # the judge's numerics
-    torch.backends.cudnn.allow_tf32 = False
+    true_fp32(torch)  # the judge's numerics
     ref = _load("model", args.reference)
     init = list(ref.get_init_inputs())
     torch.manual_seed(0)

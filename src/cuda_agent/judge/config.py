@@ -107,8 +107,8 @@ class JudgeConfig(BaseModel):
         "ready, ~10 s each); each holds a GPU context while it waits. Back-to-back evaluations shorter "
         "than a tenth of that start time wait for one; 0 starts each worker when its candidate comes"))
     sandbox_uid: int | None = Field(None, description="uid for untrusted processes when run as root (default: "
-                                                      "one of 61000-64999 per judge; spare workers add 10000 * k, "
-                                                      "the judge's builds 5000)")
+                                                      "one of cuda_agent.host.JUDGE_UIDS per judge; its spare "
+                                                      "workers and builds are offset from it there)")
     arch: str | None = Field(None, description="CUDA arch list for builds, e.g. '9.0' (default: the device's)")
     timing_cpus: list[int] | None = Field(
         None, description="cores the judge and the candidate process it is timing run on, kept free of other "

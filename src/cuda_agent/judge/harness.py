@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from cuda_agent import host
 from cuda_agent.candidate import Candidate
 from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
@@ -39,7 +40,7 @@ from .build import Builder, BuildError, BuildSpec, build_arch, inline_spec, libr
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
-from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, send_plane
+from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ErrorCategory, ProtocolError, send_plane
 from .sandbox import (SandboxError, SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, pin_threads, python_argv,
                       seccomp_problem, work_root_dir)
 from .tensorio import TransportError, nbytes_of, pack, packed_end, unpack
@@ -199,16 +200,15 @@ class Judge:
         if config.timing_cpus:
             # The judge and the candidate it times keep cores of their own (their processes inherit it).
             os.sched_setaffinity(0, config.timing_cpus)
-        self._cores = len(os.sched_getaffinity(0)) or 1
+        self._cores = host.usable_cores()
         # References in true fp32: TF32 matmul/convolution would make the reference itself the
         # less precise side (the fp32 tolerance is 1e-4 relative L2). Process-wide by necessity.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        host.true_fp32(torch)
         self.arch = arch = build_arch(self.device, config.arch)
         # Two judges must not share a uid (cleaning up after one's worker would kill the other's):
         # the process id spreads processes, the instance count the judges of one process.
         Judge._instances += 1
-        self.uid = (config.sandbox_uid or 61000 + (os.getpid() + 997 * Judge._instances) % 4000) if is_root() else None
+        self.uid = (config.sandbox_uid or host.judge_uid(os.getpid() + 997 * Judge._instances)) if is_root() else None
         self.work_root = work_root_dir()
         self._zygote: Zygote | None = None
         self._spares: list[tuple[Sandboxed, socket.socket]] = []  # workers started ahead of need, oldest first
@@ -216,7 +216,7 @@ class Judge:
         # Builds run under their own uid: cleaning up after a build kills every process of its uid,
         # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
-                               uid=None if self.uid is None else self.uid + 5000, zygote=self._get_zygote,
+                               uid=None if self.uid is None else host.build_uid(self.uid), zygote=self._get_zygote,
                                cpus=config.spare_cpus)
         self.baseline_store = baseline_store or FileBaselineStore(config.cache_dir / "baselines")
         self._integrity = _package_files()
@@ -314,7 +314,7 @@ class Judge:
         """Every uid this judge runs candidate processes under (empty when it cannot drop privileges)."""
         if self.uid is None:
             return set()
-        return {self.uid + 10000 * i for i in range(self.config.spares + 1)}
+        return {host.spare_uid(self.uid, i) for i in range(self.config.spares + 1)}
 
     def __enter__(self) -> "Judge":
         return self
@@ -602,7 +602,20 @@ class Judge:
                     deadline: float, expected64: list | None = None) -> None:
         cfg = self.config
         plane = session.plane
+        # Tampering first: a changed global flag or a replaced function can also change the outputs
+        # (lower matmul precision, for one, on CPUs with AMX), and then the verdict must name the cause.
+        known = len(v.policy_violations)
         self._blocked(reply, v)
+        if len(v.policy_violations) > known:  # the sandbox refused something during this call
+            raise _Stop(FC.POLICY, v.policy_violations[known])
+        tampered = _strs(reply.get("tampered"))
+        if tampered:
+            v.policy_violations.append(f"forward replaced library functions: {', '.join(tampered[:5])}")
+            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
+        changed = _strs(reply.get("flags_changed"))
+        if changed:
+            v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")
+            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
         try:
             got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
                          self.device if session.shared is not None else "cpu")
@@ -664,14 +677,6 @@ class Judge:
             if found:
                 v.policy_violations.extend(found)
                 raise _Stop(FC.POLICY, found[0])
-        tampered = _strs(reply.get("tampered"))
-        if tampered:
-            v.policy_violations.append(f"forward replaced library functions: {', '.join(tampered[:5])}")
-            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
-        changed = _strs(reply.get("flags_changed"))
-        if changed:
-            v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")
-            raise _Stop(FC.TAMPERING, v.policy_violations[-1])
 
     def _baseline(self, task: Task, ref: _Reference, mode: str) -> "_Baseline":
         """Times of a trusted implementation under the very protocol candidates get, with no
@@ -818,7 +823,7 @@ class Judge:
         if self.uid is not None and zygote is None:
             # Live worker and spares never share a uid: at most 1 + spares are alive at once.
             self._launches += 1
-            uid = self.uid + 10000 * (self._launches % (self.config.spares + 1))
+            uid = host.spare_uid(self.uid, self._launches % (self.config.spares + 1))
         spec = SandboxSpec(
             argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), *map(str, plane_args)),
             workdir=workdir, uid=uid, pass_fds=(child_sock.fileno(),) + ((plane.fd,) if plane else ()), env=env,
@@ -876,7 +881,7 @@ class Judge:
                 deadline += time.monotonic() - started
                 continue
             if not msg.get("ok"):
-                self._raise_reported(msg, v)
+                self._raise_reported(msg, v, setup=True)
             self._blocked(msg, v)
             return msg
 
@@ -919,7 +924,7 @@ class Judge:
             os.chown(dest, proc.uid, proc.uid)
         return {"ok": True, "library": str(dest)}
 
-    def _raise_reported(self, msg: dict, v: Verdict | None) -> None:
+    def _raise_reported(self, msg: dict, v: Verdict | None, setup: bool = False) -> None:
         if v is None:  # a trusted baseline run: nothing to blame on a candidate
             raise _Stop(FC.JUDGE, str(msg.get("message", "the baseline process reported an error"))[:6000])
         self._blocked(msg, v)
@@ -929,9 +934,10 @@ class Judge:
         if build_failure is not None:
             v.compiled = False
             raise _Stop(build_failure.category, build_failure.message)
-        category = {"load": FC.LOAD, "init": FC.INIT, "runtime": FC.RUNTIME, "oom": FC.OOM}.get(
-            str(msg.get("category")), FC.RUNTIME)
-        raise _Stop(category, str(msg.get("message", "the candidate reported an error"))[:6000])
+        reported = ErrorCategory.parse(msg.get("category"))
+        if reported is ErrorCategory.JUDGE and not setup:  # the worker reports its set-up only before any call
+            reported = ErrorCategory.RUNTIME
+        raise _Stop(FC(reported.value), str(msg.get("message", "the candidate reported an error"))[:6000])
 
     @staticmethod
     def _blocked(msg: dict, v: Verdict) -> None:

@@ -14,9 +14,30 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from enum import Enum
 
 MAX_MESSAGE_BYTES = 8 << 20
 _HEADER = struct.Struct("!I")
+
+
+class ErrorCategory(str, Enum):
+    """What a worker's error reply blames, the one vocabulary of both sides. Each value is the
+    `FailureCategory` of the same name, so the judge maps a reply without a table of its own."""
+
+    JUDGE = "judge"      # the worker's own set-up failed before any candidate code ran
+    LOAD = "load"        # importing the candidate (or loading its library) failed
+    INIT = "init"        # ModelNew() raised
+    RUNTIME = "runtime"  # forward raised
+    OOM = "oom"          # forward ran out of memory
+
+    @classmethod
+    def parse(cls, value: object) -> "ErrorCategory":
+        """A reply's category; anything else is the candidate's own runtime error (its process
+        wrote the reply, so an unknown word is not believed to be more)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.RUNTIME
 
 
 class ChannelClosed(EOFError):

@@ -179,7 +179,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from .protocol import Channel, DataPlane, receive_plane
+    from cuda_agent.host import is_out_of_memory, true_fp32
+
+    from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
     from .tensorio import pack, unpack
     from .timing import CacheFlusher, CallTimer
 
@@ -214,8 +216,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             self.ops.append(func.name())
             return func(*args, **(kwargs or {}))
 
-    def reply_error(category: str, message: str) -> None:
-        chan.send({"ok": False, "category": category, "message": message, "blocked": blocked[:20]})
+    def reply_error(category: ErrorCategory, message: str) -> None:
+        chan.send({"ok": False, "category": category.value, "message": message, "blocked": blocked[:20]})
 
     # -- builds requested by load_inline go to the judge, which compiles in its own sandbox -------
     import torch.utils.cpp_extension as cpp_extension
@@ -269,12 +271,11 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if init.get("reference_path"):
             sys.modules["model"] = load_module("model", init["reference_path"])
         # the same numerics as the judge's references: no TF32 (trusted baselines time fp32 work)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        true_fp32(torch)
         flags_before = _numeric_flags(torch)
         watched = _watch(torch)
     except BaseException as exc:  # the harness itself failed before any candidate code ran
-        reply_error("judge", f"worker setup failed: {_trim_traceback(exc)}")
+        reply_error(ErrorCategory.JUDGE, f"worker setup failed: {_trim_traceback(exc)}")
         return 1
 
     audit_hook = False
@@ -291,13 +292,13 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # The judge checks the same from its side (before start, and the kernel's record after
             # loading) and fails the verdict as its own; this refusal only keeps candidate code
             # from running meanwhile.
-            reply_error("judge", "isolation incomplete, no candidate code was run: " + "; ".join(missing))
+            reply_error(ErrorCategory.JUDGE, "isolation incomplete, no candidate code was run: " + "; ".join(missing))
             return 1
     try:
         if init.get("library"):
             sys.modules["cuda_extension"] = load_module("cuda_extension", init["library"])
     except BaseException as exc:
-        reply_error("load", f"loading the workspace library failed:\n{_trim_traceback(exc)}")
+        reply_error(ErrorCategory.LOAD, f"loading the workspace library failed:\n{_trim_traceback(exc)}")
         return 1
     try:
         spec = importlib.util.spec_from_file_location("model_new", init["candidate_path"])
@@ -307,11 +308,11 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         sys.modules["model_new"] = module
         spec.loader.exec_module(module)
     except BaseException as exc:
-        reply_error("load", f"importing the candidate failed:\n{_trim_traceback(exc)}")
+        reply_error(ErrorCategory.LOAD, f"importing the candidate failed:\n{_trim_traceback(exc)}")
         return 1
     model_cls = module.__dict__.get("ModelNew")
     if not isinstance(model_cls, type):
-        reply_error("load", "the candidate defines no class ModelNew")
+        reply_error(ErrorCategory.LOAD, "the candidate defines no class ModelNew")
         return 1
     try:
         init_args = unpack(init["init_args"], plane.view, 0, plane.in_size)
@@ -335,7 +336,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if device == "cuda":
             torch.cuda.synchronize()
     except BaseException as exc:
-        reply_error("init", f"constructing ModelNew failed:\n{_trim_traceback(exc)}")
+        reply_error(ErrorCategory.INIT, f"constructing ModelNew failed:\n{_trim_traceback(exc)}")
         return 1
     chan.send({"ok": True, "matched": matched, "unmatched": unmatched[:50], "blocked": blocked[:20],
                "gpu_plane": shared is not None, "gpu_plane_error": shared_error, "audit_hook": audit_hook,
@@ -361,7 +362,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             try:
                 chan.send({"ok": True, "echo": pack(inputs, calls, 0, plane.in_size)})
             except BaseException as exc:
-                reply_error("runtime", f"reading back the inputs failed: {_trim_traceback(exc)}")
+                reply_error(ErrorCategory.RUNTIME, f"reading back the inputs failed: {_trim_traceback(exc)}")
                 return 1
             continue
         if op != "call":
@@ -407,8 +408,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                        "tampered": tampered, "ops": ops[:4096], "kernels": kernels[:512], "flags_changed": changed,
                        "blocked": blocked[:20]})
         except BaseException as exc:
-            oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
-            category = "oom" if isinstance(exc, oom_types) else "runtime"
+            category = ErrorCategory.OOM if is_out_of_memory(exc) else ErrorCategory.RUNTIME
             reply_error(category, f"forward failed:\n{_trim_traceback(exc)}")
             return 1
 

@@ -40,7 +40,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent import host
 from cuda_agent.candidate import Candidate
+from cuda_agent.host import visible_gpus  # noqa: F401 (re-exported by cuda_agent.pool)
 from cuda_agent.judge.config import JudgeConfig
 from cuda_agent.judge.harness import JudgeError
 from cuda_agent.judge.verdict import Failure, FailureCategory, Verdict
@@ -135,20 +137,6 @@ class _Slot:
     last_error: str = ""
 
 
-def visible_gpus() -> list[str]:
-    """Device identifiers a child should see, one per GPU (CUDA_VISIBLE_DEVICES entries, or indices).
-    Counting through NVML does not create a CUDA context in this process."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip() and not d.strip().startswith("-")]
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # no usable torch CUDA build: no GPUs
-        return []
-
-
 class Pool:
     """Judge candidates concurrently. Use as a context manager, or call `shutdown()`."""
 
@@ -157,7 +145,7 @@ class Pool:
         self.config = config
         self.pool_config = pc = pool_config or PoolConfig()
         self.transport = transport or LocalTransport()
-        cores = len(os.sched_getaffinity(0)) or 1
+        cores = host.usable_cores()
         if config.device == "cuda":
             gpus = visible_gpus()
             if not gpus:
@@ -195,7 +183,7 @@ class Pool:
 
         # Distinct sandbox uids per worker (used when running as root): a judge's clean-up kills
         # every process of its uid, which must never reach another worker's candidate or build.
-        base = 61000 + (os.getpid() % 30) * 2 * MAX_SLOTS
+        base = host.judge_uid((os.getpid() % 30) * 2 * MAX_SLOTS)
         self._slots: list[_Slot] = []
         for i in range(n_judges):
             uid = (config.sandbox_uid + i) if config.sandbox_uid is not None else base + i
@@ -204,7 +192,7 @@ class Pool:
                               env=envs[i], baseline_db=pc.baseline_db, judge_factory=pc.judge_factory)
             self._slots.append(_Slot("judge", i, spec))
         for j in range(n_compile):
-            spec = WorkerSpec(role="compile", slot=j, config=config, build_uid=base + MAX_SLOTS + j + 5000,
+            spec = WorkerSpec(role="compile", slot=j, config=config, build_uid=host.build_uid(base + MAX_SLOTS + j),
                               build_jobs=max(1, len(rest or range(cores)) // max(1, n_compile)),
                               cpus=rest, nice=10)
             self._slots.append(_Slot("compile", j, spec))

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from cuda_agent import host
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import policy as pol
 from cuda_agent.judge.build import Builder, BuildError, BuildSpec, build_arch, inline_spec, workspace_spec
@@ -233,8 +234,8 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
 
     arch = build_arch(config.device, config.arch)
     parallel = max(1, min(parallel, len(candidates) or 1))
-    jobs = jobs or max(1, len(os.sched_getaffinity(0)) // parallel)  # the cores this process may use
-    base_uid = 150000 + (os.getpid() % 1000) * 8  # clear of the judges' (and their spares') and the pool's uids
+    jobs = jobs or max(1, host.usable_cores() // parallel)
+    base_uid = host.prebuild_uid_base(os.getpid())  # clear of the judges' (and their spares') and the pool's uids
     todo: queue.Queue = queue.Queue()
     for index, cand in enumerate(candidates):
         todo.put((index, cand))

@@ -78,22 +78,25 @@ def synth_cmd(
                                                "export only those that pass")] = None,
     judge_parallel: Annotated[Optional[int], typer.Option("--judge-parallel", help="judge processes for --judge-check")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="SynthConfig fields from a TOML or JSON file")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "-c", "--set", help="override one SynthConfig field, nested ones by their path: -c n=100, "
+                            "-c filters.max_ms=50, -c decontam.ops_threshold=0.95 (flags win)")] = None,
 ) -> None:
     """Synthesize fused-operator tasks: crawl seed ops, compose, filter in isolated workers, export.
 
     Resumable: rerun the same command to continue. Prints how many candidates each filter removed.
     """
-    from pydantic import ValidationError
-
     from cuda_agent.judge.config import default_device
+    from cuda_agent.settings import SettingsError, apply_overrides, read_file, validate
 
     from .filters import worker_layout
     from .pipeline import SynthConfig, run_synth
 
-    from cuda_agent.cli import read_settings
-
-    values = read_settings(config)
-    values = values.get("synth", values)
+    try:
+        values = apply_overrides(read_file(config, section="synth"), set_ or [], SynthConfig)
+    except SettingsError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
     dev = device or values.get("filters", {}).get("device") or default_device()
     filters = dict(values.get("filters", {}), device=dev)
     for key, val in (("min_ms", min_ms), ("max_ms", max_ms), ("compile", compile_check), ("timeout_s", timeout)):
@@ -115,9 +118,9 @@ def synth_cmd(
         if val is not None:
             values[key] = val
     try:
-        cfg = SynthConfig(**values)
-    except ValidationError as exc:
-        err.print(f"[red]error:[/red] invalid synth settings:\n{exc}")
+        cfg = validate(SynthConfig, values, "synth settings")
+    except SettingsError as exc:
+        err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
     if dev == "cuda":
         import torch

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cuda_agent.tasks import TaskError, validate_reference_source
 
-from .catalog import SeedOp, base_namespace
+from .seeds import SeedOp, base_namespace
 
 BATCH_RE = re.compile(r"^BATCH = (\d+)[ \t]*$", re.MULTILINE)
 

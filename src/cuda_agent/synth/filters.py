@@ -27,6 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent import host
 from cuda_agent.tasks import TaskError, validate_reference_source
 
 from .compose import Composition
@@ -70,7 +71,7 @@ class Rejection(BaseModel):
 
 def usable_cores() -> int:
     """The cores this process may run on (a pinned share of a machine), not the machine's count."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    return host.usable_cores()
 
 
 def worker_layout(workers: int | None = None) -> tuple[int, int]:
@@ -147,7 +148,6 @@ def synth_root_dir() -> Path:
 class Worker:
     """One sandboxed worker process; replaced after a crash or a timeout."""
 
-    UID_BASE = 58000   # apart from the judges' sandbox uids (61000-64999, spares and builds above)
     UID_WAYS = 4       # a restarted worker takes the next of its slot's uids (see start)
 
     def __init__(self, config: FilterConfig, slot: int, gpu_share: int = 1):
@@ -172,7 +172,7 @@ class Worker:
 
         # Each start takes the next of the slot's uids: the process being replaced (stuck in the
         # driver after a fault, say) and its clean-up by uid never touch the new one.
-        uid = self.UID_BASE + self.slot * self.UID_WAYS + self.starts % self.UID_WAYS
+        uid = host.synth_uid(self.slot, self.starts, self.UID_WAYS)
         self.starts += 1
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
@@ -204,7 +204,7 @@ class Worker:
     def _gpu_env(self) -> dict:
         """Workers take the visible GPUs in turn (slot k gets GPU k mod n): a run on a machine with
         several GPUs uses them all."""
-        from cuda_agent.pool import visible_gpus
+        from cuda_agent.host import visible_gpus
 
         gpus = visible_gpus() if self.config.device == "cuda" else []
         if not gpus:
@@ -286,7 +286,7 @@ class WorkerPool:
         self._idle: queue.Queue[Worker] = queue.Queue()
         gpus = 1
         if config.device == "cuda":
-            from cuda_agent.pool import visible_gpus
+            from cuda_agent.host import visible_gpus
 
             gpus = max(1, len(visible_gpus()))
         # slot k runs on GPU k mod gpus (Worker._gpu_env): that many workers share each GPU

@@ -20,7 +20,7 @@ import re
 import textwrap
 from collections.abc import Iterable
 
-from .catalog import ArgSpec, CrawlReport, SeedOp, _skip
+from .seeds import ArgSpec, CrawlReport, SeedOp, _skip
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "t5", "mixtral", "cohere",
             "granite", "starcoder2", "gpt_neox", "falcon")

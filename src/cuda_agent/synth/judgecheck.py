@@ -16,10 +16,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import re
 from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
+
+from cuda_agent.host import is_out_of_memory
 
 
 class ReferenceCheck(BaseModel):
@@ -32,10 +33,6 @@ class ReferenceCheck(BaseModel):
     eager_ms: float | None = None   # the reference's time under the judge's call protocol
     failure: str | None = None
     out_of_memory: bool = False     # failed for want of GPU memory (checked again alone)
-
-
-# what torch and the CUDA runtime say when an allocation or a context does not fit
-_OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation")
 
 
 def _brief(message: str, limit: int = 800) -> str:
@@ -57,14 +54,14 @@ def _judge_process(items: list[tuple[str, str]], device: str, gpu: str | None, r
         for name, source in items:
             try:
                 v = judge.check_reference(Task.from_source(source, name=name))
-                failure = v.failure.message if v.failure else None
+                cause, failure = v.failure, (v.failure.message if v.failure else None)
                 rec = ReferenceCheck(name=name, ok=bool(v.correct), warned=bool(v.task_warnings),
                                      eager_ms=v.eager.median_ms if v.eager else None)
             except Exception as exc:  # noqa: BLE001 - a task the judge cannot even take fails, with why
-                failure = f"{type(exc).__name__}: {exc}"
+                cause = failure = f"{type(exc).__name__}: {exc}"
                 rec = ReferenceCheck(name=name, ok=False)
             if failure is not None:
-                rec = rec.model_copy(update={"failure": _brief(failure), "out_of_memory": bool(_OOM.search(failure))})
+                rec = rec.model_copy(update={"failure": _brief(failure), "out_of_memory": is_out_of_memory(cause)})
             results.put(rec.model_dump())
             if device == "cuda":   # what this task's check cached is not held while the next one runs
                 import torch
@@ -94,7 +91,7 @@ def _run_judges(items: list[tuple[str, str]], device: str, parallel: int,
                 on_result: Callable[[ReferenceCheck], None] | None) -> dict[str, ReferenceCheck]:
     if not items:
         return {}
-    from cuda_agent.pool import visible_gpus
+    from cuda_agent.host import visible_gpus
 
     gpus = visible_gpus() if device == "cuda" else []
     parallel = max(1, min(parallel, len(items)))

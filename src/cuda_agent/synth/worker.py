@@ -39,6 +39,8 @@ import types
 import warnings
 from typing import Any
 
+from cuda_agent.host import is_out_of_memory, true_fp32
+
 INIT_SEED = 1234
 INPUT_SEEDS = (11, 22)
 
@@ -257,11 +259,6 @@ def _usage(r: Runner, model, xs: list, out: list, tol: float) -> None:
             raise Reject("unused_input", f"input {i} does not influence the output")
 
 
-def _oom(exc: BaseException) -> bool:
-    """A CUDA out-of-memory failure (torch's own error, or the runtime's in a kernel launch)."""
-    return "out of memory" in str(exc)
-
-
 def median_ms(r: Runner, fn, xs: list, cfg: dict, failure: str, budget_s: float | None = None) -> float:
     """Median time of `fn(*xs)` over cfg's warm-up and timed runs (stopping early once `budget_s`
     is spent); a run that raises rejects the task under `failure` (out of memory, a kernel that
@@ -323,10 +320,10 @@ def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int
                 ms_new = eager_ms(cand, cfg)
                 break
             except Exception as exc:
-                if isinstance(exc, Reject) and not _oom(exc):
+                if isinstance(exc, Reject) and not is_out_of_memory(exc):
                     raise
                 back = (new + batch) // 2
-                if not _oom(exc) or back in (new, batch):
+                if not is_out_of_memory(exc) or back in (new, batch):
                     how = exc.message if isinstance(exc, Reject) else f"{type(exc).__name__}: {exc}"
                     raise Reject("runtime_window", f"rescaled to BATCH={new}: {how}") from None
             # Out of memory at the new size: halfway back toward the last size that ran (the
@@ -405,7 +402,7 @@ def check(source: str, cfg: dict) -> dict:
                 # These checks hold several outputs at once (torch.compile its own buffers too): a
                 # size whose timing ran can run out of memory here. Half the BATCH is tried while
                 # its time stays in the window.
-                if not _oom(exc) or not batches:
+                if not is_out_of_memory(exc) or not batches:
                     raise
             final, r, ms = smaller_batch(final, r, cfg, batches)
         result.update(info, source=final, eager_ms=ms, batches=batches)
@@ -414,9 +411,9 @@ def check(source: str, cfg: dict) -> dict:
             result["passed"].append("compile")
         result["accepted"] = True
     except Reject as rej:
-        result["rejection"] = {"filter": "out_of_memory" if _oom(rej) else rej.filter, "message": rej.message[:2000]}
+        result["rejection"] = {"filter": "out_of_memory" if is_out_of_memory(rej) else rej.filter, "message": rej.message[:2000]}
     except Exception as exc:  # a checker bug must still yield a record, not kill the worker
-        result["rejection"] = {"filter": "out_of_memory" if _oom(exc) else "worker_error",
+        result["rejection"] = {"filter": "out_of_memory" if is_out_of_memory(exc) else "worker_error",
                                "message": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"}
     if result["rejection"] is not None:
         import torch
@@ -457,8 +454,7 @@ def main(argv: list[str]) -> int:
     threads = int(os.environ.get("CUDA_AGENT_SYNTH_THREADS", "1"))
     torch.set_num_threads(max(1, threads))
     if torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = False   # the judge's references are true fp32
-        torch.backends.cudnn.allow_tf32 = False
+        true_fp32(torch)   # the judge's references are true fp32
         limit_mb = int(os.environ.get("CUDA_AGENT_SYNTH_GPU_MB", "16384"))
         share = int(os.environ.get("CUDA_AGENT_SYNTH_GPU_SHARE", "1"))
         torch.cuda.set_per_process_memory_fraction(
