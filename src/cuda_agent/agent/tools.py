@@ -1,9 +1,11 @@
 """The agent's tools over one workspace, and the judge behind them.
 
-`Toolbox` is the agent's environment: `specs()` describes the tools for a model (OpenAI function
-schemas, one pydantic model per tool), `call(name, arguments)` runs one and returns an
-`Observation`. A bad call (unknown tool, wrong arguments, a path outside the workspace, an edit of
-a read-only file) is an observation that says what was wrong, never an exception.
+`Toolbox` is the agent's environment (the protocol of env.py): `reset()` gives the task and the
+tools (OpenAI function schemas, one pydantic model per tool), `step(call)` runs one tool call and
+returns a `StepResult`; `call(name, arguments)` is the same for a name and arguments, returning
+an `Observation`. A bad call (malformed arguments, unknown tool, wrong arguments, a path outside
+the workspace, an edit of a read-only file) is an observation that says what was wrong, never an
+exception; the judge being unable to work at all is `JudgeFailure`.
 
 What is and is not isolated:
 - file tools resolve every path (symlinks included) inside the workspace and refuse the
@@ -33,11 +35,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cuda_agent.candidate import Candidate, CandidateError
-from cuda_agent.judge import FailureCategory, Judge, JudgeConfig, Verdict
+from cuda_agent.judge import FailureCategory, Judge, JudgeConfig, JudgeError, Verdict
 from cuda_agent.judge.buildplan import BuildOutcome
+from cuda_agent.llm import ToolCall
 from cuda_agent.report import fmt_x
 from cuda_agent.tasks import Task
 
+from .env import Reset, StepResult
+from .outcome import JudgeFailure
 from .workspace import READ_ONLY
 
 # ---------------------------------------------------------------------------------------------
@@ -292,6 +297,22 @@ class Toolbox:
 
     def close(self) -> None:
         shutil.rmtree(self._home, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------ environment
+    def reset(self) -> Reset:
+        return Reset(task=self.task, device=self.gate.device, tools=tool_specs())
+
+    def step(self, call: ToolCall) -> StepResult:
+        """One tool call of the model. Raises JudgeFailure when the judge cannot work at all."""
+        if call.error:  # the reply's arguments did not parse: the model is told, nothing runs
+            obs = Observation(f"error: malformed call of {call.name or 'a tool'}: {call.error}", ok=False)
+        else:
+            try:
+                obs = self.call(call.name, call.arguments or {})
+            except JudgeError as exc:
+                raise JudgeFailure(str(exc)) from exc
+        return StepResult(observation=obs.text, ok=obs.ok, verdict=obs.verdict, candidate=obs.candidate,
+                          terminated=obs.submitted)
 
     # ------------------------------------------------------------------------------ dispatch
     def call(self, name: str, arguments: dict) -> Observation:
