@@ -303,3 +303,19 @@ def test_workspace_builds_link_one_shared_binding_object(tmp_path):
     assert second.library.exists() and objects[0].stat().st_mtime_ns == made
     for slot_dir in builder.build_root.iterdir():  # no workspace compiled binding.cpp itself
         assert not list(slot_dir.rglob("binding.o")), slot_dir
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["3_Softmax_Rows", "2_GELU"])
+def test_cuda_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(name, tmp_path):
+    """On the GPU: a CUDA workspace (3_Softmax_Rows) and a CUDA load_inline file (2_GELU) built by
+    `Judge.build` (the compile tool's path) are build-cache hits for `Judge.evaluate`."""
+    tasks = {t.name: t for t in suite_tasks("cuda")}
+    cfg = JudgeConfig(device="cuda", compile_mode="none", n_timed=5, cache_dir=tmp_path / "cache")
+    with Judge(cfg) as judge:
+        cand = Candidate.from_path(suite_solutions("cuda")[name])
+        outcome = judge.build(cand)
+        assert outcome.compiled and outcome.library is not None and len(outcome.keys) == 1, outcome.failure
+        assert outcome.keys == [s.key(judge.builder.fingerprint) for s in judge.build_plan(cand).specs]
+        verdict = judge.evaluate(tasks[name], cand)
+        assert verdict.correct and verdict.build_cached is True, verdict.failure
