@@ -21,7 +21,7 @@ from cuda_agent.judge.build import workspace_spec
 from cuda_agent.judge.buildplan import plan_build, spec_from_request, workspace_slot
 from cuda_agent.judge.worker import load_inline_request
 from cuda_agent.pool import Pool, PoolConfig
-from cuda_agent.pool.prebuild import build_specs
+from cuda_agent.pool.prebuild import build_plan_ahead
 from cuda_agent.suite import suite_solutions, suite_tasks
 from cuda_agent.tasks import load_task_file
 
@@ -136,7 +136,7 @@ def test_evaluate_builds_the_plans_workspace_spec(path, cpu_judges, monkeypatch)
     monkeypatch.setattr(Judge, "_build", lambda self, spec, v: built.append(spec) or Path("/nonexistent"))
     v = Verdict(task_id="", task_name="", candidate_hash=cand.hash, device="cpu")
     try:
-        judge._build_candidate(cand, v, inline=False)
+        judge._build_workspace(cand, v)
         refused = None
     except harness._Stop as stop:
         refused = stop.failure
@@ -225,7 +225,7 @@ def test_a_workspace_is_built_in_the_judges_slot():
 
 
 def test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(tmp_path):
-    """The compile tool's path (`Judge.build`) and a compile worker's (`build_specs` of the plan)
+    """The compile tool's path (`Judge.build`) and a compile worker's (`build_plan_ahead`)
     fill the cache with what `Judge.evaluate` then finds: real builds, a real evaluation."""
     cfg = JudgeConfig(device="cpu", compile_mode="none", n_timed=3, cache_dir=tmp_path / "cache")
     silu = FIXTURES / "cpu" / "honest" / "silu_ws"
@@ -248,10 +248,16 @@ def test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(tmp_path):
         failed = judge.build(broken)
         assert not failed.compiled and failed.failure.category.value == "compile" and failed.library is None
 
+        # the library's imports are checked as the judge checks them before loading it
+        blas = judge.build(Candidate.from_path(FIXTURES / "cpu" / "hacks" / "fallback_cpp_blas_symbol.py"))
+        assert not blas.compiled and blas.failure.category.value == "policy" and blas.library is None
+        assert blas.builds and blas.builds[0].violations == blas.policy_violations
+
         # a single file: its statically read load_inline spec, built by a compile worker's step
         single = Candidate.from_path(FIXTURES / "cpu" / "honest" / "softmax_omp.py")
         plan = plan_build(single, "cpu", "strict")
-        assert build_specs(judge.builder, plan.specs) == (1, 0, [])
+        assert build_plan_ahead(judge.builder, plan) == (1, 0, [])
+        assert build_plan_ahead(judge.builder, plan) == (0, 1, [])
         assert judge.build(single).cached
 
 

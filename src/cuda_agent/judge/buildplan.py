@@ -4,10 +4,13 @@
 all, the static policy violations of its sources, and the `BuildSpec`s to compile, each with its
 build-folder name (slot). Everyone who builds "like the judge" asks this module:
 
-* the judge itself (`Judge.build`, and `Judge.evaluate` through it; `Judge._serve_build` turns a
-  candidate's `load_inline` request into a spec with `spec_from_request`);
-* compile workers (`cuda_agent.pool.prebuild`), which fill the content-addressed build cache ahead
-  of the judge: the same spec is the same cache key, so their library is a cache hit;
+* the judge itself: `Judge.evaluate` plans, then builds each spec with `build_spec` (build, then
+  the library's imports checked); `Judge._serve_build` turns a candidate's `load_inline` request
+  into a spec with `spec_from_request`; `Judge.build` is `build_planned` of its plan;
+* compile workers (`cuda_agent.pool.prebuild`), which carry out the same plan with
+  `build_planned` into the content-addressed build cache ahead of the judge: the same spec is
+  the same cache key, so their library is a cache hit (they hold a builder, not a whole judge:
+  a CUDA judge needs a GPU, a compile worker only the compiler);
 * the agent's compile tool, through `Judge.build`.
 
 Specs of a workspace come from its kernels. A single file's `load_inline` arguments are known to
@@ -27,6 +30,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,8 +39,8 @@ from pydantic import BaseModel, Field
 from cuda_agent.candidate import Candidate
 
 from . import policy as pol
-from .build import BuildError, BuildSpec, inline_spec, workspace_spec
-from .verdict import Failure
+from .build import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
+from .verdict import Failure, FailureCategory
 from .worker import load_inline_request
 
 
@@ -67,24 +71,53 @@ class BuildPlan(BaseModel):
         return refusal + self.skipped
 
 
+class SpecBuild(BaseModel):
+    """One spec through the judge's build step: compiled (or found in the cache), then the
+    library's imports checked against the policy. `failure`: compile, compile_timeout, or policy
+    (forbidden imports, listed in `violations`; the library exists but the judge will not load it)."""
+
+    key: str
+    library: Path | None = None
+    seconds: float = 0.0
+    cached: bool = False
+    failure: Failure | None = None
+    violations: list[str] = Field(default_factory=list)
+    note: str | None = None
+
+
 class BuildOutcome(BaseModel):
     """What `Judge.build` did for one candidate: the judge's static checks and builds, no run.
 
     `compiled`: every spec of the plan built and no check refused it; `failure` says why not (the
-    category the verdict would carry: load, policy, compile, compile_timeout). `library` is the
-    first built library (the workspace's), `libraries` all of them; `cached` is true when every
-    one came from the build cache. `keys` are the build-cache keys of the specs built."""
+    category the verdict would carry: load, policy, compile, compile_timeout). `builds`: the specs
+    built, in order, up to the first failure (as the judge stops there)."""
 
     compiled: bool
     failure: Failure | None = None
-    library: Path | None = None
-    libraries: list[Path] = Field(default_factory=list)
-    keys: list[str] = Field(default_factory=list)
-    cached: bool = False
+    builds: list[SpecBuild] = Field(default_factory=list)
     seconds: float = 0.0
     policy_violations: list[str] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+
+    @property
+    def libraries(self) -> list[Path]:
+        return [b.library for b in self.builds if b.library is not None and b.failure is None]
+
+    @property
+    def library(self) -> Path | None:
+        """The first library built (a workspace's only one), when it may be loaded."""
+        return self.libraries[0] if self.libraries else None
+
+    @property
+    def keys(self) -> list[str]:
+        """Build-cache keys of the libraries built."""
+        return [b.key for b in self.builds if b.failure is None]
+
+    @property
+    def cached(self) -> bool:
+        """Every library came from the build cache (nothing compiled)."""
+        return bool(self.builds) and all(b.cached for b in self.builds)
 
 
 def workspace_slot(candidate: Candidate) -> str:
@@ -129,6 +162,49 @@ def plan_build(candidate: Candidate, device: str, policy: str) -> BuildPlan:
             continue
         plan.specs.append(spec)
     return plan
+
+
+def build_spec(builder: Builder, spec: BuildSpec, *, policy: str, device: str) -> SpecBuild:
+    """The judge's build step for one spec: the build (sandboxed, cached) and the check of the
+    library's imports against the policy. A candidate's fault is in the result, never raised."""
+    key = spec.key(builder.fingerprint)
+    try:
+        result = builder.build(spec)
+    except BuildError as exc:
+        category = FailureCategory.COMPILE_TIMEOUT if exc.timeout else FailureCategory.COMPILE
+        return SpecBuild(key=key, failure=Failure(category=category, message=str(exc)))
+    built = SpecBuild(key=result.key, library=result.library, seconds=result.seconds, cached=result.cached)
+    symbols = library_imports(result.library)
+    if symbols is None:
+        built.note = "nm not found: the compiled extension's imports were not checked"
+        return built
+    built.violations = pol.check_binary(symbols, policy, device)
+    if built.violations:
+        built.failure = Failure(category=FailureCategory.POLICY, message=built.violations[0])
+    return built
+
+
+def build_planned(plan: BuildPlan, builder: Builder) -> BuildOutcome:
+    """Carry out a plan as the judge does: its refusal, else each spec in order until one fails."""
+    t0 = time.monotonic()
+    outcome = BuildOutcome(compiled=False, skipped=list(plan.skipped))
+    if plan.load_error is not None:
+        outcome.failure = Failure(category=FailureCategory.LOAD, message=plan.load_error)
+    elif plan.violations:
+        outcome.failure = Failure(category=FailureCategory.POLICY, message=plan.violations[0])
+        outcome.policy_violations = list(plan.violations)
+    else:
+        for spec in plan.specs:
+            built = build_spec(builder, spec, policy=plan.policy, device=plan.device)
+            outcome.builds.append(built)
+            outcome.policy_violations += built.violations
+            outcome.notes += [built.note] if built.note else []
+            if built.failure is not None:
+                outcome.failure = built.failure
+                break
+    outcome.compiled = outcome.failure is None
+    outcome.seconds = time.monotonic() - t0
+    return outcome
 
 
 def spec_from_request(msg: dict) -> BuildSpec:

@@ -34,8 +34,8 @@ from cuda_agent.tasks import Task
 
 from . import policy as pol
 from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBaselineStore
-from .build import Builder, BuildError, BuildSpec, build_arch, library_imports
-from .buildplan import BuildOutcome, BuildPlan, inline_refusal, plan_build, spec_from_request
+from .build import Builder, BuildError, BuildSpec, build_arch
+from .buildplan import BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
@@ -277,24 +277,10 @@ class Judge:
         return plan_build(candidate, self.device, self.config.policy)
 
     def build(self, candidate: Candidate) -> BuildOutcome:
-        """The judge's static checks and builds for `candidate`, with nothing run: the same steps
-        and build cache as `evaluate`, plus the load_inline specs read statically from a single
-        file. A candidate's fault is a failure in the outcome, never an exception."""
-        t0 = time.monotonic()
-        # the judge's build steps record into a verdict; this one only collects what they record
-        v = Verdict(task_id="", task_name="", candidate_hash=candidate.hash, device=self.device)
-        failure, libraries = None, []
-        plan = self.build_plan(candidate)
-        try:
-            libraries = self._build_candidate(candidate, v, inline=True)
-        except _Stop as stop:
-            failure = stop.failure
-        return BuildOutcome(
-            compiled=failure is None and len(libraries) == len(plan.specs), failure=failure,
-            library=libraries[0] if libraries else None, libraries=libraries,
-            keys=[spec.key(self.builder.fingerprint) for spec in plan.specs[:len(libraries)]],
-            cached=bool(libraries) and bool(v.build_cached), seconds=time.monotonic() - t0,
-            policy_violations=v.policy_violations, skipped=plan.skipped, notes=v.notes)
+        """The judge's static checks and builds for `candidate`, with nothing run: the same plan,
+        build step and cache as `evaluate`, plus the load_inline specs read statically from a
+        single file. A candidate's fault is a failure in the outcome, never an exception."""
+        return build_planned(self.build_plan(candidate), self.builder)
 
     def close(self) -> None:
         self._references.clear()
@@ -344,9 +330,7 @@ class Judge:
     def _evaluate(self, task: Task, cand: Candidate, v: Verdict, t0: float):
         cfg = self.config
         deadline = t0 + cfg.total_timeout_s
-        # a single file's load_inline builds happen when its module asks for them, as it runs
-        libraries = self._build_candidate(cand, v, inline=False)
-        library = libraries[0] if libraries else None
+        library = self._build_workspace(cand, v)
         if cand.kind != "workspace":
             v.compiled = True  # set back to False if a load_inline build fails
 
@@ -643,36 +627,32 @@ class Judge:
             self.baseline_store.put(bkey, base)
         return base
 
-    def _build_candidate(self, cand: Candidate, v: Verdict, *, inline: bool) -> list[Path]:
-        """The plan's checks and builds, recorded in `v`; `inline`: also the load_inline specs read
-        statically from a single file. Raises _Stop with the verdict's failure."""
+    def _build_workspace(self, cand: Candidate, v: Verdict) -> Path | None:
+        """The plan's refusal or a workspace's build, recorded in `v` (raises _Stop with the
+        failure). A single file's load_inline builds wait until its module asks for them."""
         plan = self.build_plan(cand)
         if plan.load_error is not None:
             raise _Stop(FC.LOAD, plan.load_error)
         if plan.violations:
             v.policy_violations.extend(plan.violations)
             raise _Stop(FC.POLICY, plan.violations[0])
-        return [self._build(spec, v) for spec in plan.specs if inline or cand.kind == "workspace"]
+        return self._build(plan.specs[0], v) if cand.kind == "workspace" else None
 
     def _build(self, spec: BuildSpec, v: Verdict) -> Path:
-        try:
-            result = self.builder.build(spec)
-        except BuildError as exc:
+        built = build_spec(self.builder, spec, policy=self.config.policy, device=self.device)
+        if built.library is None:
             v.compiled = False
-            raise _Stop(FC.COMPILE_TIMEOUT if exc.timeout else FC.COMPILE, str(exc)) from None
+            raise _Stop(built.failure.category, built.failure.message)
         v.compiled = True
-        v.build_s = (v.build_s or 0.0) + result.seconds
+        v.build_s = (v.build_s or 0.0) + built.seconds
         v.phase_s["build"] = v.build_s
-        symbols = library_imports(result.library)
-        if symbols is None:
-            v.notes.append("nm not found: the compiled extension's imports were not checked")
-        else:
-            found = pol.check_binary(symbols, self.config.policy, self.device)
-            if found:
-                v.policy_violations.extend(found)
-                raise _Stop(FC.POLICY, found[0])
-        v.build_cached = result.cached if v.build_cached is None else (v.build_cached and result.cached)
-        return result.library
+        if built.note:
+            v.notes.append(built.note)
+        if built.violations:
+            v.policy_violations.extend(built.violations)
+            raise _Stop(FC.POLICY, built.violations[0])
+        v.build_cached = built.cached if v.build_cached is None else (v.build_cached and built.cached)
+        return built.library
 
     def _reference(self, task: Task) -> _Reference:
         ref = self._references.get(task.id)

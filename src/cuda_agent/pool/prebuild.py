@@ -1,10 +1,10 @@
 """What a compile worker can build for a candidate before a judge worker gets to it.
 
 The judge's build cache is content-addressed (`Builder`: the key covers sources, flags, arch and
-toolchain), so a library built here from the judge's own plan (`cuda_agent.judge.buildplan`) is a
-cache hit when the judge asks for it. What can and cannot be planned ahead (a single file's
-load_inline calls are read statically) is described there. Sources that break the policy are not
-built: the judge refuses them before any build.
+toolchain), so a library built here from the judge's own plan (`cuda_agent.judge.buildplan`) by
+the judge's own build step (`build_planned`) is a cache hit when the judge asks for it. What can
+and cannot be planned ahead (a single file's load_inline calls are read statically) is described
+there. Sources that break the policy are not built: the judge refuses them before any build.
 """
 
 from __future__ import annotations
@@ -12,26 +12,28 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from cuda_agent.candidate import Candidate
-from cuda_agent.judge.build import Builder, BuildError, BuildSpec, build_arch
-from cuda_agent.judge.buildplan import plan_build
+from cuda_agent.judge.build import Builder, build_arch
+from cuda_agent.judge.buildplan import BuildPlan, build_planned, plan_build
 
 
-def build_specs(builder: Builder, specs: list[BuildSpec]) -> tuple[int, int, list[str]]:
-    """Build each spec into the builder's cache (a spec already there costs a look-up).
-    Returns (built, already cached, the first line of each failure); a failure is only recorded:
-    the judge builds the candidate again and reports the whole error in its verdict."""
-    built, cached, failed = 0, 0, []
-    for spec in specs:
-        try:
-            if builder.build(spec).cached:
-                cached += 1
-            else:
-                built += 1
-        except BuildError as exc:
-            failed.append(str(exc).splitlines()[0][:200] if str(exc) else "build failed")
-        except Exception as exc:  # noqa: BLE001 - one candidate's trouble must not end the others
-            failed.append(f"{type(exc).__name__}: {exc}"[:200])
-    return built, cached, failed
+def build_plan_ahead(builder: Builder, plan: BuildPlan) -> tuple[int, int, list[str]]:
+    """Carry out the judge's plan into the builder's cache (`build_planned`: a spec already there
+    costs a look-up; like the judge, the first failure ends it). A plan the judge refuses builds
+    nothing and is no failure here (`plan.not_built` says why). Returns (built, already cached,
+    the first line of the failure); a failure is only recorded: the judge builds the candidate
+    again and reports the whole error in its verdict."""
+    if plan.refused:
+        return 0, 0, []
+    try:
+        outcome = build_planned(plan, builder)
+    except Exception as exc:  # noqa: BLE001 - one candidate's trouble must not end the others
+        return 0, 0, [f"{type(exc).__name__}: {exc}"[:200]]
+    ok = [b for b in outcome.builds if b.failure is None]
+    failed = []
+    if outcome.failure is not None:
+        lines = outcome.failure.message.splitlines()
+        failed.append(f"{outcome.failure.category.value}: {lines[0][:200] if lines else ''}")
+    return sum(not b.cached for b in ok), sum(b.cached for b in ok), failed
 
 
 class AheadResult(BaseModel):
@@ -81,7 +83,7 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
                 return
             t0 = time.monotonic()
             plan = plan_build(cand, config.device, config.policy)
-            built, cached, failed = build_specs(builder, plan.specs)
+            built, cached, failed = build_plan_ahead(builder, plan)
             res = AheadResult(origin=cand.origin, specs=len(plan.specs), skipped=plan.not_built, built=built,
                               cached=cached, failed=failed, seconds=time.monotonic() - t0)
             results[index] = res
