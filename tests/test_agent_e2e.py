@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from agent_server import ScriptedModel, last_observation, tool, tools
 
-from cuda_agent.agent import (Agent, AgentConfig, ChatClient, JudgeGate, ModelConfig, Termination, Toolbox,
+from cuda_agent.agent import (Agent, AgentConfig, ChatClient, JudgeGate, ModelConfig, Terminal, Termination, Toolbox,
                               Trajectory, create_workspace, load_trajectory)
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import JudgeConfig
@@ -75,6 +75,7 @@ def test_cpu_run_fixes_a_compile_error_verifies_and_submits(tmp_path):
     config = JudgeConfig(device="cpu", compile_mode="none", n_timed=5, cache_dir=cache)
     result = run_agent(script, task, "cpu", tmp_path, config, max_turns=len(script) + 2)
     assert result.termination is Termination.SUBMITTED, result.message
+    assert result.outcome.terminated is Terminal.SUBMITTED and result.outcome.truncated is None
     assert result.turns == len(script)
     assert result.best_verdict is not None and result.best_verdict.correct and result.best_verdict.reward >= 1
     assert result.best == Candidate.from_path(tmp_path / "ws")
@@ -83,6 +84,7 @@ def test_cpu_run_fixes_a_compile_error_verifies_and_submits(tmp_path):
     assert [e["name"] for e in judged] == ["verify", "submit"]
     assert judged[0]["verdict"]["correct"] and judged[0]["verdict"]["candidate_hash"] == result.best.hash
     assert events[-1]["type"] == "end" and events[-1]["termination"] == "submitted"
+    assert events[-1]["terminated"] == "submitted" and events[-1]["truncated"] is None and events[-1]["error"] is None
 
 
 @pytest.mark.gpu

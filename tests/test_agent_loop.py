@@ -15,7 +15,7 @@ from agent_server import ScriptedModel, http_error, last_observation, raw_tool, 
 
 from cuda_agent.agent import (Agent, AgentConfig, ChatClient, JudgeGate, ModelConfig, ReplayClient, Termination,
                               Toolbox, ToolConfig, Trajectory, create_workspace, load_trajectory)
-from cuda_agent.agent.client import render_native
+from cuda_agent.llm import render_native
 from cuda_agent.agent.trajectory import conversation
 from cuda_agent.judge import JudgeConfig
 from cuda_agent.tasks import Task

@@ -1,20 +1,31 @@
-"""Compile workers build what the judge will ask for: the static reading of load_inline calls agrees
-with what the module passes when it runs, and a prebuilt candidate is a build-cache hit for the judge."""
+"""Compile workers, the agent's compile tool and the judge build the same thing: one plan
+(`cuda_agent.judge.buildplan`), checked here against the judge's own code paths. The static reading
+of load_inline calls agrees with what `Judge._serve_build` makes of the request the running module
+sends; the workspace spec `Judge.evaluate` builds is the plan's; and a candidate built ahead (by
+`Judge.build` or a compile worker) is a build-cache hit for the judge."""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch.utils.cpp_extension as cpp_extension
 
+from conftest import judge_cache_dir
 from cuda_agent.candidate import Candidate
-from cuda_agent.judge import JudgeConfig
+from cuda_agent.judge import Judge, JudgeConfig, Verdict
+from cuda_agent.judge import harness
 from cuda_agent.judge.build import workspace_spec
+from cuda_agent.judge.buildplan import plan_build, spec_from_request, workspace_slot
+from cuda_agent.judge.worker import load_inline_request
 from cuda_agent.pool import Pool, PoolConfig
-from cuda_agent.pool.prebuild import _spec_like_the_judge, plan_prebuild, workspace_slot
+from cuda_agent.pool.prebuild import build_plan_ahead
 from cuda_agent.suite import suite_solutions, suite_tasks
+from cuda_agent.tasks import load_task_file
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class _Captured(Exception):
@@ -22,18 +33,13 @@ class _Captured(Exception):
 
 
 def run_and_capture(source: str, monkeypatch) -> list[dict]:
-    """Run a module with load_inline replaced by a recorder that has the judge's stand-in signature
-    (cuda_agent.judge.worker.rpc_load_inline), and return its arguments after a JSON round trip,
-    as the judge receives them."""
+    """Run a module with load_inline replaced by the judge's own stand-in request
+    (`load_inline_request`, what the candidate process sends), and return the first request after
+    the JSON round trip of the judge's channel."""
     calls = []
 
-    def record(name, cpp_sources, cuda_sources=None, functions=None, extra_cflags=None, extra_cuda_cflags=None,
-               extra_ldflags=None, extra_include_paths=None, build_directory=None, verbose=False, with_cuda=None,
-               is_python_module=True, with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False, **_):
-        calls.append(json.loads(json.dumps({
-            "name": name, "cpp_sources": cpp_sources, "cuda_sources": cuda_sources, "functions": functions,
-            "extra_cflags": extra_cflags, "extra_cuda_cflags": extra_cuda_cflags, "extra_ldflags": extra_ldflags,
-            "with_cuda": with_cuda, "with_pytorch_error_handling": with_pytorch_error_handling})))
+    def record(*args, **kwargs):
+        calls.append(json.loads(json.dumps(load_inline_request(*args, **kwargs))))
         raise _Captured
 
     monkeypatch.setattr(cpp_extension, "load_inline", record)
@@ -44,60 +50,215 @@ def run_and_capture(source: str, monkeypatch) -> list[dict]:
     return calls
 
 
-FILE_SOLUTIONS = [(dev, name, path) for dev in ("cpu", "cuda") for name, path in sorted(suite_solutions(dev).items())
-                  if path.is_file()]
+def header(path: Path) -> dict[str, str]:
+    source = path / "model_new.py" if path.is_dir() else path
+    out = {}
+    for line in source.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        key, sep, value = line[1:].partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
 
 
-@pytest.mark.parametrize("device,name,path", FILE_SOLUTIONS, ids=[f"{d}-{n}" for d, n, _ in FILE_SOLUTIONS])
-def test_static_load_inline_specs_match_the_running_module(device, name, path, monkeypatch):
+def _served_specs(judge: Judge, request: dict, monkeypatch) -> tuple[list, dict]:
+    """What `Judge._serve_build` does with a build request: the specs it hands to its build step
+    (recorded, not compiled), and its answer to the candidate."""
+    built = []
+
+    def record(self, spec, v):
+        built.append(spec)
+        raise harness._Stop(harness.FC.COMPILE, "recorded, not built")
+
+    monkeypatch.setattr(Judge, "_build", record)
+    v = Verdict(task_id="", task_name="", candidate_hash="", device=judge.device)
+    judge._build_failure = None
+    answer = judge._serve_build(request, None, v)
+    return built, answer
+
+
+@pytest.fixture(scope="module")
+def cpu_judges(tmp_path_factory):
+    cache = judge_cache_dir(tmp_path_factory, "prebuild-judges")
+    judges = {policy: Judge(JudgeConfig(device="cpu", compile_mode="none", cache_dir=cache, policy=policy))
+              for policy in ("strict", "lenient")}
+    yield judges
+    for j in judges.values():
+        j.close()
+
+
+# single files that build with load_inline: suite solutions and the honest fixtures (hacks and
+# faults are not run in the test process: their module code is hostile by design)
+INLINE_FILES = [(dev, path) for dev in ("cpu", "cuda") for path in sorted(suite_solutions(dev).values())
+                if path.is_file()]
+INLINE_FILES += [(dev, path) for dev in ("cpu", "cuda") for path in sorted((FIXTURES / dev / "honest").glob("*.py"))
+                 if "load_inline" in path.read_text()]
+
+
+@pytest.mark.parametrize("device,path", INLINE_FILES,
+                         ids=[f"{d}-{p.parent.name}-{p.stem}" for d, p in INLINE_FILES])
+def test_static_specs_are_what_the_judge_serves(device, path, cpu_judges, monkeypatch):
     cand = Candidate.from_path(path)
-    plan = plan_prebuild(cand, device, "strict")
-    dynamic = [_spec_like_the_judge(args) for args in run_and_capture(cand.model_new, monkeypatch)]
-    assert dynamic, "the solution builds an extension with load_inline"
-    assert plan.specs == dynamic[:1] and not plan.skipped, plan.skipped
+    policy = header(path).get("policy", "strict")
+    plan = plan_build(cand, device, policy)
+    requests = run_and_capture(cand.model_new, monkeypatch)
+    assert requests, "the module builds an extension with load_inline"
+    assert not plan.refused and not plan.skipped, plan.not_built
+    judge = cpu_judges[policy]
+    if device == "cpu":
+        served, answer = _served_specs(judge, requests[0], monkeypatch)
+        assert plan.specs == served[:1] and answer == {"ok": False, "message": "recorded, not built"}
+        assert plan.specs[0].key(judge.builder.fingerprint) == served[0].key(judge.builder.fingerprint)
+        assert judge.build_plan(cand).specs == plan.specs
+    else:
+        # the CPU judge refuses CUDA sources with the message the CPU plan skips them with
+        served, answer = _served_specs(judge, requests[0], monkeypatch)
+        assert served == [] and not answer["ok"]
+        cpu_plan = plan_build(cand, "cpu", policy)
+        assert cpu_plan.specs == [] and cpu_plan.skipped[0].endswith(answer["message"])
+        assert plan.specs == [spec_from_request(requests[0])]
+
+
+WORKSPACES = [p for p in sorted(suite_solutions("cpu").values()) if p.is_dir()]
+WORKSPACES += [p for group in ("honest", "hacks") for p in sorted((FIXTURES / "cpu" / group).iterdir()) if p.is_dir()]
+
+
+@pytest.mark.parametrize("path", WORKSPACES, ids=[f"{p.parent.name}-{p.name}" for p in WORKSPACES])
+def test_evaluate_builds_the_plans_workspace_spec(path, cpu_judges, monkeypatch):
+    """The build step `Judge.evaluate` takes, recorded instead of compiled, against the plan a
+    compile worker makes: the same spec, slot and cache key, or the same refusal."""
+    cand = Candidate.from_path(path)
+    policy = header(path).get("policy", "strict")
+    judge = cpu_judges[policy]
+    plan = plan_build(cand, "cpu", policy)
+    built = []
+    monkeypatch.setattr(Judge, "_build", lambda self, spec, v: built.append(spec) or Path("/nonexistent"))
+    v = Verdict(task_id="", task_name="", candidate_hash=cand.hash, device="cpu")
+    try:
+        judge._build_workspace(cand, v)
+        refused = None
+    except harness._Stop as stop:
+        refused = stop.failure
+    if plan.refused:
+        assert built == [] and refused is not None
+        assert refused.message == (plan.load_error or plan.violations[0])
+        assert v.policy_violations == plan.violations
+        assert refused.category.value in header(path).get("failure", refused.category.value)
+    else:
+        assert refused is None and built == plan.specs and built[0].slot == f"ws:{path}"
+        assert [s.key(judge.builder.fingerprint) for s in built] == \
+            [s.key(judge.builder.fingerprint) for s in plan.specs]
+
+
+ALL_FIXTURES = [p for dev in ("cpu", "cuda") for group in ("hacks", "faults")
+                for p in sorted((FIXTURES / dev / group).iterdir())
+                if p.suffix == ".py" or (p / "model_new.py").is_file()]
+
+
+@pytest.mark.parametrize("path", ALL_FIXTURES, ids=[p.relative_to(FIXTURES).as_posix() for p in ALL_FIXTURES])
+def test_a_plan_refuses_only_what_the_fixture_expects_to_fail_so(path):
+    """The plan's static refusals are the judge's: a fixture it refuses must expect to fail with
+    that category (the adversarial suite checks the full verdicts)."""
+    h = header(path)
+    plan = plan_build(Candidate.from_path(path), path.relative_to(FIXTURES).parts[0], h.get("policy", "strict"))
+    if plan.refused:
+        assert h["expect"] == "fail"
+        category = "load" if plan.load_error is not None else "policy"
+        assert category in h.get("failure", category), (plan.load_error, plan.violations)
+        assert plan.specs == []
 
 
 def test_literal_forms_are_read_and_computed_ones_left_to_the_judge(monkeypatch):
     source = '''
 from torch.utils.cpp_extension import load_inline
+import torch
 HEAD = "#include <torch/extension.h>\\n"
 BODY = HEAD + "torch::Tensor f(torch::Tensor x) { return x; }"
 FLAGS = ["-O3"] + ["-DFAST=1"]
-ext = load_inline("lit_ext", BODY, functions={"f": "identity"}, extra_cflags=FLAGS, verbose=True)
+ext = load_inline("lit_ext", BODY, functions={"f": "identity"}, extra_cflags=FLAGS, verbose=True,
+                  build_directory=str(HEAD))
+class ModelNew(torch.nn.Module):
+    pass
 '''
-    plan = plan_prebuild(Candidate.from_source(source), "cpu", "lenient")
-    assert plan.specs == [_spec_like_the_judge(a) for a in run_and_capture(source, monkeypatch)]
+    plan = plan_build(Candidate.from_source(source), "cpu", "lenient")
+    assert plan.specs == [spec_from_request(r) for r in run_and_capture(source, monkeypatch)]
     assert plan.specs[0].cflags == ("-O3", "-DFAST=1")
 
     computed = '''
 from torch.utils.cpp_extension import load_inline
+import torch
 N = 4
 SRC = f"constexpr int n = {N};"
 ext = load_inline(name="computed", cpp_sources=SRC, functions=["f"])
 flags = ["-O" + str(N - 1)]
 ext2 = load_inline(name="computed2", cpp_sources="int g();", extra_cflags=flags)
+ext3 = load_inline("inc", "int h();", extra_include_paths=["/usr/include"])
+class ModelNew(torch.nn.Module):
+    pass
 '''
-    plan = plan_prebuild(Candidate.from_source(computed), "cpu", "lenient")
-    assert plan.specs == [] and len(plan.skipped) == 2
-    assert "line 5" in plan.skipped[0] and "SRC" in plan.skipped[0]
+    plan = plan_build(Candidate.from_source(computed), "cpu", "lenient")
+    assert plan.specs == [] and len(plan.skipped) == 3
+    assert "line 6" in plan.skipped[0] and "SRC" in plan.skipped[0]
+    assert "extra_include_paths" in plan.skipped[2]
 
 
 def test_what_the_judge_refuses_is_not_built():
     cuda_on_cpu = Candidate.from_path(suite_solutions("cuda")["2_GELU"])
-    assert plan_prebuild(cuda_on_cpu, "cpu", "strict").skipped[0].endswith("CUDA sources on the CPU backend")
+    assert plan_build(cuda_on_cpu, "cpu", "strict").skipped[0].endswith("CUDA sources cannot be built for the "
+                                                                         "CPU backend")
     fallback = Candidate.from_source("import torch\nclass ModelNew(torch.nn.Module):\n"
                                      "    def forward(self, x):\n        return torch.matmul(x, x)\n")
-    plan = plan_prebuild(fallback, "cpu", "strict")
-    assert plan.specs == [] and plan.skipped[0].startswith("policy:")
+    plan = plan_build(fallback, "cpu", "strict")
+    assert plan.specs == [] and plan.violations and plan.not_built[0].startswith("policy:")
+    assert plan_build(Candidate.from_source("x = ("), "cpu", "strict").load_error.startswith("model_new: syntax")
 
 
 def test_a_workspace_is_built_in_the_judges_slot():
     path = suite_solutions("cpu")["10_RMSNorm"]
     cand = Candidate.from_path(path)
-    plan = plan_prebuild(cand, "cpu", "strict")
+    plan = plan_build(cand, "cpu", "strict")
     assert plan.specs == [workspace_spec(cand.kernels, f"ws:{path}", "cpu")]
-    assert workspace_slot(Candidate.from_files(cand.model_new, dict(cand.kernels))) == \
-        f"ws:{Candidate.from_files(cand.model_new, dict(cand.kernels)).hash}"
+    in_memory = Candidate.from_files(cand.model_new, dict(cand.kernels))
+    assert workspace_slot(in_memory) == f"ws:{in_memory.hash}"
+    assert plan_build(in_memory, "cpu", "strict").specs[0].slot == f"ws:{in_memory.hash}"
+
+
+def test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(tmp_path):
+    """The compile tool's path (`Judge.build`) and a compile worker's (`build_plan_ahead`)
+    fill the cache with what `Judge.evaluate` then finds: real builds, a real evaluation."""
+    cfg = JudgeConfig(device="cpu", compile_mode="none", n_timed=3, cache_dir=tmp_path / "cache")
+    silu = FIXTURES / "cpu" / "honest" / "silu_ws"
+    with Judge(cfg) as judge:
+        cand = Candidate.from_path(silu)
+        outcome = judge.build(cand)
+        assert outcome.compiled and outcome.failure is None and not outcome.cached, outcome.failure
+        assert outcome.library is not None and outcome.library.exists()
+        assert outcome.keys == [s.key(judge.builder.fingerprint) for s in judge.build_plan(cand).specs]
+        again = judge.build(cand)
+        assert again.cached and again.keys == outcome.keys
+        verdict = judge.evaluate(load_task_file(FIXTURES / "tasks" / header(silu)["task"]), cand)
+        assert verdict.correct and verdict.build_cached is True, verdict.failure
+
+        refused = judge.build(Candidate.from_path(FIXTURES / "cpu" / "hacks" / "fallback_cpp_aten_qualified_ws"))
+        assert not refused.compiled and refused.failure.category.value == "policy" and refused.policy_violations
+        assert refused.keys == [] and refused.library is None
+
+        broken = Candidate.from_files(cand.model_new, {rel: src + "\nthis is not C++;\n" for rel, src in cand.kernels})
+        failed = judge.build(broken)
+        assert not failed.compiled and failed.failure.category.value == "compile" and failed.library is None
+
+        # the library's imports are checked as the judge checks them before loading it
+        blas = judge.build(Candidate.from_path(FIXTURES / "cpu" / "hacks" / "fallback_cpp_blas_symbol.py"))
+        assert not blas.compiled and blas.failure.category.value == "policy" and blas.library is None
+        assert blas.builds and blas.builds[0].violations == blas.policy_violations
+
+        # a single file: its statically read load_inline spec, built by a compile worker's step
+        single = Candidate.from_path(FIXTURES / "cpu" / "honest" / "softmax_omp.py")
+        plan = plan_build(single, "cpu", "strict")
+        assert build_plan_ahead(judge.builder, plan) == (1, 0, [])
+        assert build_plan_ahead(judge.builder, plan) == (0, 1, [])
+        assert judge.build(single).cached
 
 
 @pytest.mark.slow
@@ -148,3 +309,19 @@ def test_workspace_builds_link_one_shared_binding_object(tmp_path):
     assert second.library.exists() and objects[0].stat().st_mtime_ns == made
     for slot_dir in builder.build_root.iterdir():  # no workspace compiled binding.cpp itself
         assert not list(slot_dir.rglob("binding.o")), slot_dir
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["3_Softmax_Rows", "2_GELU"])
+def test_cuda_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(name, tmp_path):
+    """On the GPU: a CUDA workspace (3_Softmax_Rows) and a CUDA load_inline file (2_GELU) built by
+    `Judge.build` (the compile tool's path) are build-cache hits for `Judge.evaluate`."""
+    tasks = {t.name: t for t in suite_tasks("cuda")}
+    cfg = JudgeConfig(device="cuda", compile_mode="none", n_timed=5, cache_dir=tmp_path / "cache")
+    with Judge(cfg) as judge:
+        cand = Candidate.from_path(suite_solutions("cuda")[name])
+        outcome = judge.build(cand)
+        assert outcome.compiled and outcome.library is not None and len(outcome.keys) == 1, outcome.failure
+        assert outcome.keys == [s.key(judge.builder.fingerprint) for s in judge.build_plan(cand).specs]
+        verdict = judge.evaluate(tasks[name], cand)
+        assert verdict.correct and verdict.build_cached is True, verdict.failure

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cuda_agent.report import fmt_x
 
@@ -63,6 +64,8 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
     "-c", "--set", help="override one setting: a JudgeConfig field (-c n_timed=50, or -c judge.n_timed=50), "
                         "an AgentConfig field (-c agent.max_turns=20, -c agent.tools.observation_chars=4000) or a "
                         "ModelConfig field (-c model.temperature=0.2)")]
+RetriesOpt = Annotated[int, typer.Option("--retries", min=0, help="run a task again at once after a retryable "
+                                         "error (model server, judge), up to this many times")]
 
 
 def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns, context_tokens, agent_file,
@@ -74,7 +77,7 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
     from cuda_agent.judge import JudgeConfig
     from cuda_agent.settings import SettingsError, apply_overrides, explain, load, read_file, split_overrides
 
-    from .client import ChatClient, ModelConfig, ModelError
+    from cuda_agent.llm import ChatClient, ModelConfig, ProviderError
     from .loop import AgentConfig
     from .tools import JudgeGate
 
@@ -104,20 +107,30 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
         raise typer.Exit(2)
     try:
         client = ChatClient(model_config)
-    except ModelError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+    except ProviderError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     return client, JudgeGate(judge_config), agent_config
 
 
 def _line(s: dict) -> str:
+    """One task's summary as rich markup: every text from the run is escaped (a message such as
+    "[model: ...]" would otherwise be read as a markup tag and vanish)."""
     best = s.get("best")
     what = "no correct candidate" if not best else (
         f"reward {best['reward']:g}, {fmt_x(best['speedup_vs_eager'])} vs eager, {fmt_x(best['speedup_vs_compile'])} "
         "vs torch.compile")
     resumed = " (finished earlier)" if s.get("resumed") else ""
-    return (f"{s['task']}: {s['termination']} after {s.get('turns', '?')} turns{resumed}; {what}"
-            + (f" [{s['message']}]" if s["termination"] == "error" else ""))
+    line = f"{escape(str(s['task']))}: {s['termination']} after {s.get('turns', '?')} turns{resumed}; {what}"
+    if s["termination"] == "error":
+        error = s.get("error") if isinstance(s.get("error"), dict) else {}
+        kind = f"{error['kind']} error" if error.get("kind") else "error"
+        retry = "" if "retryable" not in error else (
+            "; a rerun starts it again" if error["retryable"] else "; a rerun keeps this result")
+        reason = (s.get("message") or "").strip()
+        reason = reason if len(reason) <= 2000 else "..." + reason[-2000:]
+        line += f"\n  [red]{kind}[/red]{retry}: {escape(reason)}"
+    return line
 
 
 def solve_cmd(
@@ -128,7 +141,7 @@ def solve_cmd(
     temperature: TemperatureOpt = None, max_tokens: MaxTokensOpt = None, max_turns: TurnsOpt = None,
     context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
     policy: PolicyOpt = None,
-    compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
+    compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None, retries: RetriesOpt = 0,
 ) -> None:
     """Let a model turn your PyTorch module into verified, faster kernels.
 
@@ -143,15 +156,15 @@ def solve_cmd(
     try:
         task = load_task_file(module)
     except TaskError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
                                     context_tokens, agent_config, device, policy, compile_mode, config, set_)
     folder = out_dir or Path("agent_runs") / module.stem
     try:
-        summary = solve_task(task, folder, client, gate, settings, resume=not fresh)
+        summary = solve_task(task, folder, client, gate, settings, resume=not fresh, retries=retries)
     except JudgeError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(3)
     finally:
         gate.close()
@@ -176,7 +189,7 @@ def run_cmd(
     temperature: TemperatureOpt = None, max_tokens: MaxTokensOpt = None, max_turns: TurnsOpt = None,
     context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
     policy: PolicyOpt = None,
-    compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
+    compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None, retries: RetriesOpt = 0,
 ) -> None:
     """Run the agent on many tasks with bounded concurrency and a progress bar.
 
@@ -195,7 +208,7 @@ def run_cmd(
     try:
         todo = load_tasks(spec, level)
     except TaskError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     if level:
         todo = [t for t in todo if t.level in set(level)]
@@ -209,7 +222,8 @@ def run_cmd(
             bar.advance(progress)
 
         try:
-            summaries = run_tasks(todo, out_dir, client, gate, settings, concurrency=concurrency, on_done=done)
+            summaries = run_tasks(todo, out_dir, client, gate, settings, concurrency=concurrency, on_done=done,
+                                  retries=retries)
         finally:
             gate.close()
     solved = [s for s in summaries if s.get("best")]

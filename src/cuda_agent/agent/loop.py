@@ -1,10 +1,12 @@
-"""The ReAct loop: the model calls tools on a workspace until it submits or a limit ends the run.
+"""The ReAct loop: the model calls tools in an environment until it submits or a limit ends the run.
 
-Each turn is one model call and the tool calls of its reply. A run ends for one reason, kept
-apart (`Termination`): submitted (a correct candidate), max_turns, context_exhausted (nothing
-left to compress), repeated (the same calls with the same results, again and again) or error
-(the model server or the judge could not work). Whatever the reason, the best candidate the
-judge found correct during the run is returned with its verdict.
+The loop talks to two protocols only: a model client (`cuda_agent.llm.ModelClient`) and an
+environment (`env.Environment`: reset, step). Each turn is one model call and the tool calls of
+its reply. A run ends one way (`outcome.Outcome`): terminated (submitted a correct candidate),
+truncated (max_turns, context_exhausted: nothing left to compress, repeated: the same calls with
+the same results again and again, or the environment's own limit), or an error of one boundary
+(the provider, the judge, an interruption, a bug of the loop). Whatever the ending, the best
+candidate the judge found correct during the run is returned with its verdict.
 
 Context: the conversation's size is estimated from the server's own token counts (calibrated
 characters-per-token). Near `compress_at` of the budget, old tool results and the bulky
@@ -14,19 +16,23 @@ results stay whole. The model can always read a file again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
+import traceback
 from dataclasses import dataclass
-from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cuda_agent.candidate import Candidate
-from cuda_agent.judge import JudgeError, Verdict
+from cuda_agent.judge import Verdict
+from cuda_agent.llm import TOOL_BLOCK, ContextLengthError, ModelClient, ModelReply, ProviderError
 
-from .client import TOOL_BLOCK, ContextLengthError, ModelClient, ModelConfig, ModelError, ModelReply
-from .tools import Observation, ToolConfig, Toolbox, tool_specs
+from .env import Environment
+from .outcome import (EndRun, InternalError, Interrupted, Outcome, RolloutError, Terminal, Termination, Truncation,
+                      terminate, truncate)
+from .tools import ToolConfig
 from .trajectory import Trajectory
 from .workspace import skill_text
 
@@ -44,26 +50,14 @@ class AgentConfig(BaseModel):
     tools: ToolConfig = Field(default_factory=ToolConfig)
 
 
-class Termination(str, Enum):
-    SUBMITTED = "submitted"
-    MAX_TURNS = "max_turns"
-    CONTEXT_EXHAUSTED = "context_exhausted"
-    REPEATED = "repeated"
-    ERROR = "error"
-
-
-class Terminated(Exception):
-    def __init__(self, reason: Termination, message: str):
-        super().__init__(message)
-        self.reason = reason
+RESULT_VERSION = 2  # result.json / end event: 2 added terminated, truncated, error (kind, retryable)
 
 
 @dataclass
 class AgentResult:
     task_id: str
     task_name: str
-    termination: Termination
-    message: str
+    outcome: Outcome
     turns: int                  # model replies received
     prompt_tokens: int          # summed over every model call
     completion_tokens: int
@@ -72,14 +66,22 @@ class AgentResult:
     best_verdict: Verdict | None = None
 
     @property
+    def termination(self) -> Termination:
+        return self.outcome.termination
+
+    @property
+    def message(self) -> str:
+        return self.outcome.message
+
+    @property
     def submitted(self) -> bool:
-        return self.termination is Termination.SUBMITTED
+        return self.outcome.terminated is Terminal.SUBMITTED
 
     def summary(self) -> dict:
         v = self.best_verdict
         return {
-            "task": self.task_name, "task_id": self.task_id, "termination": self.termination.value,
-            "message": self.message, "turns": self.turns, "prompt_tokens": self.prompt_tokens,
+            "task": self.task_name, "task_id": self.task_id, "version": RESULT_VERSION, **self.outcome.record(),
+            "turns": self.turns, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens, "seconds": round(self.seconds, 2),
             "solved": v is not None,
             "best": None if v is None else {
@@ -121,17 +123,17 @@ REPEAT_WARNING = ("\n\n[note: you made the same calls with the same results {n} 
 
 
 class Agent:
-    """One run of the loop on one workspace. Mini-SWE-agent's shape: a model, an environment
-    (the toolbox), a conversation, and small exceptions for the ways a run ends."""
+    """One run of the loop in one environment. Mini-SWE-agent's shape: a model, an environment,
+    a conversation, and small exceptions for the ways a run ends."""
 
-    def __init__(self, client: ModelClient, toolbox: Toolbox, config: AgentConfig | None = None,
+    def __init__(self, client: ModelClient, env: Environment, config: AgentConfig | None = None,
                  trajectory: Trajectory | None = None, stop: threading.Event | None = None):
         self.client = client
         self.stop = stop  # set by another thread to end the run at the next turn
-        self.toolbox = toolbox
+        self.env = env
         self.config = config or AgentConfig()
         self.trajectory = trajectory or Trajectory()
-        self.tools = tool_specs()
+        self.tools: list[dict] = []
         self.messages: list[dict] = []
         self.turn = 0      # the turn in progress
         self.replies = 0   # model replies received: the turns completed
@@ -144,12 +146,12 @@ class Agent:
     # ------------------------------------------------------------------------------ run
     def run(self) -> AgentResult:
         t0 = time.monotonic()
-        task, device = self.toolbox.task, self.toolbox.gate.device
-        model = getattr(self.client, "config", None)
+        start = self.env.reset()
+        task, device, self.tools = start.task, start.device, start.tools
         self.trajectory.event("start", task={"id": task.id, "name": task.name, "origin": task.origin,
                                              "level": task.level, "source": task.source},
                               device=device, agent=self.config.model_dump(mode="json"), tools=self.tools,
-                              model=model.public() if isinstance(model, ModelConfig) else None)
+                              model=self.client.describe())
         backend = "CUDA on the GPU" if device == "cuda" else "CPU (C++/OpenMP kernels in kernels/*.cpp)"
         self.add({"role": "system", "content": SYSTEM.format(
             role="CUDA" if device == "cuda" else "C++ performance", skill=skill_text(device))})
@@ -159,24 +161,20 @@ class Agent:
         try:
             while True:
                 if self.stop is not None and self.stop.is_set():
-                    raise Terminated(Termination.ERROR, "interrupted")
+                    raise Interrupted(f"stopped from outside before turn {self.turn + 1}")
                 if self.turn >= self.config.max_turns:
-                    raise Terminated(Termination.MAX_TURNS, f"{self.config.max_turns} turns used")
+                    raise truncate(Truncation.MAX_TURNS, f"{self.config.max_turns} turns used")
                 self.turn += 1
                 self.step()
-        except Terminated as end:
-            reason, message = end.reason, str(end)
-        except ModelError as exc:
-            reason, message = Termination.ERROR, f"model: {exc}"
-        except JudgeError as exc:
-            reason, message = Termination.ERROR, f"judge: {exc}"
+        except EndRun as end:
+            outcome = end.outcome
+        except (ProviderError, RolloutError) as exc:
+            outcome = Outcome.failed(exc)
         except Exception as exc:  # a bug: the run still ends with a result and a complete trajectory
-            import traceback
-
-            reason, message = Termination.ERROR, "internal: " + "".join(
-                traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]
+            outcome = Outcome.failed(InternalError("".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]))
         cand, verdict = self.best or (None, None)
-        result = AgentResult(task.id, task.name, reason, message, self.replies, self.prompt_tokens,
+        result = AgentResult(task.id, task.name, outcome, self.replies, self.prompt_tokens,
                              self.completion_tokens, time.monotonic() - t0, cand, verdict)
         self.trajectory.event("end", **result.summary())
         return result
@@ -191,7 +189,7 @@ class Agent:
                               prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
                               usage_estimated=reply.usage_estimated, latency_s=round(reply.latency_s, 3),
                               attempts=reply.attempts, finish_reason=reply.finish_reason, reasoning=reply.reasoning,
-                              text_mode=getattr(self.client, "text_mode", None),
+                              text_mode=reply.text_mode,
                               calls=[{"id": c.id, "raw_arguments": c.raw_arguments, "error": c.error}
                                      for c in reply.tool_calls if c.error])
         self.add(message)
@@ -205,22 +203,23 @@ class Agent:
         results = []
         for call in reply.tool_calls:
             t0 = time.monotonic()
-            if call.error:
-                cut = " (your reply was cut off at the token limit)" if reply.finish_reason == "length" else ""
-                obs = Observation(f"error: malformed call of {call.name or 'a tool'}: {call.error}{cut}", ok=False)
-            else:
-                obs = self.toolbox.call(call.name, call.arguments or {})
-            self.add({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": obs.text})
+            if call.error and reply.finish_reason == "length":
+                call = dataclasses.replace(call, error=f"{call.error} (your reply was cut off at the token limit)")
+            res = self.env.step(call)
+            self.add({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": res.observation})
             self.trajectory.event("tool", turn=self.turn, call_id=call.id, name=call.name,
-                                  arguments=call.raw_arguments, observation=obs.text, ok=obs.ok,
-                                  seconds=round(time.monotonic() - t0, 3), submitted=obs.submitted,
-                                  verdict=obs.verdict.model_dump(mode="json") if obs.verdict else None)
-            results.append(obs.text)
-            if obs.verdict is not None and obs.verdict.correct and obs.candidate is not None:
-                if self.best is None or rank(obs.verdict) > rank(self.best[1]):
-                    self.best = (obs.candidate, obs.verdict)
-            if obs.submitted:
-                raise Terminated(Termination.SUBMITTED, "submitted a correct candidate")
+                                  arguments=call.raw_arguments, observation=res.observation, ok=res.ok,
+                                  seconds=round(time.monotonic() - t0, 3), submitted=res.terminated,
+                                  truncated=res.truncated,
+                                  verdict=res.verdict.model_dump(mode="json") if res.verdict else None)
+            results.append(res.observation)
+            if res.verdict is not None and res.verdict.correct and res.candidate is not None:
+                if self.best is None or rank(res.verdict) > rank(self.best[1]):
+                    self.best = (res.candidate, res.verdict)
+            if res.terminated:
+                raise terminate(Terminal.SUBMITTED, "submitted a correct candidate")
+            if res.truncated:
+                raise truncate(Truncation.ENVIRONMENT, f"the environment ended the run after {call.name}")
         self.note_step(json.dumps([[c.name, c.raw_arguments] for c in reply.tool_calls]), "\n".join(results))
 
     def note_step(self, action: str, result: str) -> None:
@@ -229,7 +228,7 @@ class Agent:
         self._repeats = self._repeats + 1 if key == self._last_step else 1
         self._last_step = key
         if self._repeats >= self.config.repeat_limit:
-            raise Terminated(Termination.REPEATED, f"the same step {self._repeats} times in a row")
+            raise truncate(Truncation.REPEATED, f"the same step {self._repeats} times in a row")
         if self._repeats >= self.config.repeat_warn:
             last = self.messages[-1]
             self.messages[-1] = {**last, "content": last["content"] + REPEAT_WARNING.format(n=self._repeats)}
@@ -249,7 +248,7 @@ class Agent:
                 break
             except ContextLengthError as exc:
                 if not self.compress():
-                    raise Terminated(Termination.CONTEXT_EXHAUSTED, f"the server refused the context: {exc}") from None
+                    raise truncate(Truncation.CONTEXT_EXHAUSTED, f"the server refused the context: {exc}") from None
         self.replies += 1
         self.prompt_tokens += reply.prompt_tokens
         self.completion_tokens += reply.completion_tokens
@@ -270,7 +269,7 @@ class Agent:
             self.compress()
         used = self.context_tokens()
         if used + cfg.reply_tokens > cfg.context_tokens:
-            raise Terminated(Termination.CONTEXT_EXHAUSTED,
+            raise truncate(Truncation.CONTEXT_EXHAUSTED,
                              f"~{used} tokens of context in use, {cfg.context_tokens} available")
 
     def compress(self) -> bool:

@@ -1,9 +1,14 @@
 """Runs of the agent on tasks, each in its own output folder, resumable.
 
 A task's folder holds `workspace/` (where the agent worked), `best/` (the best candidate the
-judge found correct, with the fixed infrastructure), `trajectory.jsonl` and `result.json`. A
-rerun skips every task whose `result.json` records a finished run of the same task (ended by
-anything but an error); an interrupted or failed task starts again from a fresh workspace.
+judge found correct, with the fixed infrastructure), `trajectory.jsonl` and `result.json`.
+
+Retries go by the kind of error (`outcome.py`), never by its text. A rerun skips every task whose
+`result.json` records a finished run of the same task: terminated, truncated, or ended by an
+error that is not retryable (a bug of the agent fails the same way again). A provider error, a
+judge that could not work or an interruption starts the task again from a fresh workspace, as
+does an error recorded before errors had kinds. `retries` also starts a run again at once, in
+the same call, after a retryable error.
 
 Many tasks run in threads: model calls overlap, judge calls are serialised by the shared
 `JudgeGate` (one device, clean timings).
@@ -21,8 +26,10 @@ from pathlib import Path
 
 from cuda_agent.tasks import Task
 
-from .client import ModelClient
-from .loop import Agent, AgentConfig
+from cuda_agent.llm import ModelClient
+
+from .loop import RESULT_VERSION, Agent, AgentConfig
+from .outcome import InternalError, Outcome
 from .tools import JudgeGate, Toolbox
 from .trajectory import Trajectory
 from .workspace import create_workspace
@@ -41,16 +48,38 @@ def finished(out: Path, task: Task) -> dict | None:
         data = json.loads((out / RESULT).read_text())
     except (OSError, ValueError):
         return None
-    if isinstance(data, dict) and data.get("task_id") == task.id and data.get("termination") != "error":
+    if not isinstance(data, dict) or data.get("task_id") != task.id:
+        return None
+    if data.get("termination") != "error":
+        return data
+    error = data.get("error")
+    if isinstance(error, dict) and error.get("retryable") is False:
         return data
     return None
 
 
 def solve_task(task: Task, out: Path, client: ModelClient, gate: JudgeGate, config: AgentConfig,
-               *, resume: bool = True, stop: threading.Event | None = None) -> dict:
-    """Run the agent on `task` in folder `out`; the run's summary (an earlier one when resuming)."""
+               *, resume: bool = True, stop: threading.Event | None = None, retries: int = 0) -> dict:
+    """Run the agent on `task` in folder `out`; the run's summary (an earlier one when resuming).
+    A run that ends with a retryable error is run again, from scratch, up to `retries` times
+    (never after an interruption: whoever stopped it wants it stopped); `attempts` counts the runs."""
     if resume and (done := finished(out, task)) is not None:
         return {**done, "resumed": True}
+    attempt = 0
+    while True:
+        attempt += 1
+        summary, outcome = _attempt(task, out, client, gate, config, stop)
+        if not outcome.retryable or attempt > retries or outcome.error.kind == "interrupted" \
+                or (stop is not None and stop.is_set()):
+            break
+    if attempt > 1:
+        summary["attempts"] = attempt
+        _write_result(out, summary)
+    return summary
+
+
+def _attempt(task: Task, out: Path, client: ModelClient, gate: JudgeGate, config: AgentConfig,
+             stop: threading.Event | None) -> tuple[dict, Outcome]:
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT).unlink(missing_ok=True)
     for old in ("workspace", "best"):
@@ -66,14 +95,18 @@ def solve_task(task: Task, out: Path, client: ModelClient, gate: JudgeGate, conf
         result.best.write_workspace(out / "best")
     summary = {**result.summary(), "workspace": str(workspace),
                "best_workspace": str(out / "best") if result.best is not None else None}
+    _write_result(out, summary)
+    return summary, result.outcome
+
+
+def _write_result(out: Path, summary: dict) -> None:
     tmp = out / f".{RESULT}.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, out / RESULT)
-    return summary
 
 
 def run_tasks(tasks: list[Task], out: Path, client: ModelClient, gate: JudgeGate, config: AgentConfig, *,
-              concurrency: int = 1, on_done=None) -> list[dict]:
+              concurrency: int = 1, on_done=None, retries: int = 0) -> list[dict]:
     """Every task, `concurrency` at a time; summaries in task order (also written to results.jsonl).
     `on_done(summary)` is called from this thread as each task ends."""
     out.mkdir(parents=True, exist_ok=True)
@@ -81,15 +114,17 @@ def run_tasks(tasks: list[Task], out: Path, client: ModelClient, gate: JudgeGate
     summaries: dict[str, dict] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="agent")
     try:
-        futures = {pool.submit(solve_task, t, out / task_folder(t), client, gate, config, stop=stop): t
+        futures = {pool.submit(solve_task, t, out / task_folder(t), client, gate, config, stop=stop,
+                               retries=retries): t
                    for t in tasks}
         for fut in as_completed(futures):
             task = futures[fut]
             try:
                 summary = fut.result()
             except Exception as exc:  # a bad rollout is data: record it and go on
-                summary = {"task": task.name, "task_id": task.id, "termination": "error",
-                           "message": f"{type(exc).__name__}: {exc}", "solved": False, "best": None}
+                outcome = Outcome.failed(InternalError(f"{type(exc).__name__}: {exc}"))
+                summary = {"task": task.name, "task_id": task.id, "version": RESULT_VERSION, **outcome.record(),
+                           "solved": False, "best": None}
             summaries[task.id] = summary
             if on_done is not None:
                 on_done(summary)

@@ -1,9 +1,11 @@
 """The agent's tools over one workspace, and the judge behind them.
 
-`Toolbox` is the agent's environment: `specs()` describes the tools for a model (OpenAI function
-schemas, one pydantic model per tool), `call(name, arguments)` runs one and returns an
-`Observation`. A bad call (unknown tool, wrong arguments, a path outside the workspace, an edit of
-a read-only file) is an observation that says what was wrong, never an exception.
+`Toolbox` is the agent's environment (the protocol of env.py): `reset()` gives the task and the
+tools (OpenAI function schemas, one pydantic model per tool), `step(call)` runs one tool call and
+returns a `StepResult`; `call(name, arguments)` is the same for a name and arguments, returning
+an `Observation`. A bad call (malformed arguments, unknown tool, wrong arguments, a path outside
+the workspace, an edit of a read-only file) is an observation that says what was wrong, never an
+exception; the judge being unable to work at all is `JudgeFailure`.
 
 What is and is not isolated:
 - file tools resolve every path (symlinks included) inside the workspace and refuse the
@@ -33,12 +35,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cuda_agent.candidate import Candidate, CandidateError
-from cuda_agent.judge import Judge, JudgeConfig, Verdict
-from cuda_agent.judge import policy as pol
-from cuda_agent.judge.build import BuildError, library_imports, workspace_spec
+from cuda_agent.judge import FailureCategory, Judge, JudgeConfig, JudgeError, Verdict
+from cuda_agent.judge.buildplan import BuildOutcome
+from cuda_agent.llm import ToolCall
 from cuda_agent.report import fmt_x
 from cuda_agent.tasks import Task
 
+from .env import Reset, StepResult
+from .outcome import JudgeFailure
 from .workspace import READ_ONLY
 
 # ---------------------------------------------------------------------------------------------
@@ -93,15 +97,6 @@ def truncate(text: str, limit: int) -> str:
 # The judge, shared
 
 
-class BuildReport(BaseModel):
-    ok: bool
-    message: str = ""
-    seconds: float = 0.0
-    cached: bool = False
-    problems: list[str] = Field(default_factory=list)  # policy violations and syntax errors the judge rejects
-    library: Path | None = None
-
-
 class JudgeGate:
     """One judge shared by every agent of a process. Its calls are serialised: the judge is not
     thread-safe, and timings need a device nobody else is using. Created on first use."""
@@ -124,27 +119,10 @@ class JudgeGate:
         with self._lock:
             return self._get().evaluate(task, candidate)
 
-    def build(self, candidate: Candidate) -> BuildReport:
-        """The judge's build step alone, with the policy checks it applies to sources and binary."""
-        problems: list[str] = []
-        try:
-            problems += pol.check_python(candidate.model_new, self.config.policy)
-        except SyntaxError as exc:
-            problems.append(f"model_new.py: syntax error at line {exc.lineno}: {exc.msg}")
-        for rel, src in candidate.kernels:
-            problems += pol.check_cpp(src, f"kernels/{rel}", self.config.policy)
+    def build(self, candidate: Candidate) -> BuildOutcome:
+        """The judge's own build step (`Judge.build`): its checks of sources and binary, its cache."""
         with self._lock:
-            judge = self._get()
-            try:
-                spec = workspace_spec(candidate.kernels, f"ws:{candidate.origin}", self.device)
-                result = judge.builder.build(spec)
-            except BuildError as exc:
-                return BuildReport(ok=False, message=str(exc), problems=problems)
-        symbols = library_imports(result.library)
-        if symbols is not None:
-            problems += pol.check_binary(symbols, self.config.policy, self.device)
-        return BuildReport(ok=True, seconds=result.seconds, cached=result.cached, problems=problems,
-                           library=result.library)
+            return self._get().build(candidate)
 
     def exclusive(self):
         """Hold the judge while something else uses the device (profiling), so timings stay clean."""
@@ -320,6 +298,22 @@ class Toolbox:
     def close(self) -> None:
         shutil.rmtree(self._home, ignore_errors=True)
 
+    # ------------------------------------------------------------------------------ environment
+    def reset(self) -> Reset:
+        return Reset(task=self.task, device=self.gate.device, tools=tool_specs())
+
+    def step(self, call: ToolCall) -> StepResult:
+        """One tool call of the model. Raises JudgeFailure when the judge cannot work at all."""
+        if call.error:  # the reply's arguments did not parse: the model is told, nothing runs
+            obs = Observation(f"error: malformed call of {call.name or 'a tool'}: {call.error}", ok=False)
+        else:
+            try:
+                obs = self.call(call.name, call.arguments or {})
+            except JudgeError as exc:
+                raise JudgeFailure(str(exc)) from exc
+        return StepResult(observation=obs.text, ok=obs.ok, verdict=obs.verdict, candidate=obs.candidate,
+                          terminated=obs.submitted)
+
     # ------------------------------------------------------------------------------ dispatch
     def call(self, name: str, arguments: dict) -> Observation:
         """Run one tool. JudgeError (the judge cannot work at all) is the only exception that escapes."""
@@ -457,15 +451,20 @@ class Toolbox:
 
     # ------------------------------------------------------------------------------ judge
     def _compile(self, a: Compile) -> Observation:
-        report = self.gate.build(self.candidate())
-        if not report.ok:
-            text = f"compile: FAILED\n{report.message}"
-        else:
-            how = "unchanged, from the build cache" if report.cached else f"built in {report.seconds:.1f} s"
+        outcome = self.gate.build(self.candidate())
+        failure = outcome.failure
+        if failure is None:
+            how = "unchanged, from the build cache" if outcome.cached else f"built in {outcome.seconds:.1f} s"
             text = f"compile: OK ({how})"
-        if report.problems:
-            text += "\nthe judge will reject this candidate:\n" + "\n".join(f"  - {p}" for p in report.problems[:10])
-        return Observation(text, ok=report.ok and not report.problems)
+        elif failure.category is FailureCategory.POLICY:
+            text = ("compile: REFUSED, the judge rejects this candidate (policy):\n"
+                    + "\n".join(f"  - {p}" for p in outcome.policy_violations[:10]))
+        elif failure.category is FailureCategory.LOAD:
+            text = f"compile: the workspace does not load: {failure.message}"
+        else:
+            text = f"compile: FAILED ({failure.category.value})\n{failure.message}"
+        text += "".join(f"\nnote: {n}" for n in outcome.notes)
+        return Observation(text, ok=outcome.compiled)
 
     def _judge(self, cand: Candidate, *, fresh: bool) -> Verdict:
         if not fresh and cand.hash in self._verdicts:

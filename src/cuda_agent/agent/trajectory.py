@@ -10,7 +10,8 @@ Events, one per line, each with `type` and `t` (seconds since the start):
               full verdict when the judge ran, submitted
     edit      earlier messages replaced: turn, reason ("compress": stubs to fit the context, "repeat
               warning": a note appended), [{index, message}], tokens before
-    end       termination, message, turns, tokens, the best verdict's summary
+    end       the run's summary as in result.json: termination and message (every version);
+              from version 2 also terminated, truncated, error {kind, message, retryable}
 
 `conversation(events, turn)` rebuilds what the model saw at a turn; `ReplayClient` feeds the
 recorded replies back through a new run.
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from .client import ModelError, ModelReply, ToolCall, parse_arguments
+from cuda_agent.llm import ModelReply, ProviderError, ToolCall, parse_arguments
 
 
 class Trajectory:
@@ -89,6 +90,8 @@ class ReplayClient:
     """A model client that returns the replies recorded in a trajectory, in order."""
 
     def __init__(self, events: list[dict]):
+        start = next((ev for ev in events if ev["type"] == "start"), {})
+        self._recorded_model = start.get("model")
         messages = {ev["index"]: ev["message"] for ev in events if ev["type"] == "message"}
         self._replies: list[ModelReply] = []
         for ev in events:
@@ -106,12 +109,16 @@ class ReplayClient:
             self._replies.append(ModelReply(
                 content=msg.get("content") or "", tool_calls=calls, reasoning=ev.get("reasoning"),
                 finish_reason=ev.get("finish_reason"), prompt_tokens=ev.get("prompt_tokens", 0),
-                completion_tokens=ev.get("completion_tokens", 0), usage_estimated=ev.get("usage_estimated", False)))
+                completion_tokens=ev.get("completion_tokens", 0), usage_estimated=ev.get("usage_estimated", False),
+                text_mode=ev.get("text_mode")))
         self.calls = 0
+
+    def describe(self) -> dict:
+        return {"replay": True, "recorded_model": self._recorded_model, "replies": len(self._replies)}
 
     def complete(self, messages: list[dict], tools: list[dict]) -> ModelReply:
         if self.calls >= len(self._replies):
-            raise ModelError("the recorded trajectory has no more replies")
+            raise ProviderError("the recorded trajectory has no more replies")
         reply = self._replies[self.calls]
         self.calls += 1
         return reply

@@ -36,7 +36,8 @@ from cuda_agent.tasks import Task
 
 from . import policy as pol
 from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBaselineStore
-from .build import Builder, BuildError, BuildSpec, build_arch, inline_spec, library_imports, workspace_spec
+from .build import Builder, BuildError, BuildSpec, build_arch
+from .buildplan import BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
@@ -293,6 +294,16 @@ class Judge:
         verdict.reward, verdict.reward_reason = r.value, r.reason
         return verdict
 
+    def build_plan(self, candidate: Candidate) -> BuildPlan:
+        """What this judge builds for `candidate` (see `cuda_agent.judge.buildplan`)."""
+        return plan_build(candidate, self.device, self.config.policy)
+
+    def build(self, candidate: Candidate) -> BuildOutcome:
+        """The judge's static checks and builds for `candidate`, with nothing run: the same plan,
+        build step and cache as `evaluate`, plus the load_inline specs read statically from a
+        single file. A candidate's fault is a failure in the outcome, never an exception."""
+        return build_planned(self.build_plan(candidate), self.builder)
+
     def close(self) -> None:
         self._references.clear()
         for spare in self._spares:
@@ -341,12 +352,8 @@ class Judge:
     def _evaluate(self, task: Task, cand: Candidate, v: Verdict, t0: float):
         cfg = self.config
         deadline = t0 + cfg.total_timeout_s
-        self._static_checks(cand, v)
-
-        library = None
-        if cand.kind == "workspace":
-            library = self._build(self._workspace_spec(cand), v)
-        else:
+        library = self._build_workspace(cand, v)
+        if cand.kind != "workspace":
             v.compiled = True  # set back to False if a load_inline build fails
 
         ref = self._reference(task)
@@ -719,48 +726,32 @@ class Judge:
             self.baseline_store.put(bkey, base)
         return base
 
-    def _static_checks(self, cand: Candidate, v: Verdict) -> None:
-        import ast
-
-        try:
-            tree = ast.parse(cand.model_new)
-        except SyntaxError as exc:
-            raise _Stop(FC.LOAD, f"model_new: syntax error at line {exc.lineno}: {exc.msg}") from None
-        if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
-            raise _Stop(FC.LOAD, "the candidate defines no class ModelNew at module level")
-        violations = pol.check_python(cand.model_new, self.config.policy)
-        for rel, src in cand.kernels:
-            violations += pol.check_cpp(src, f"kernels/{rel}", self.config.policy)
-        if violations:
-            v.policy_violations.extend(violations)
-            raise _Stop(FC.POLICY, violations[0])
-
-    def _workspace_spec(self, cand: Candidate) -> BuildSpec:
-        slot = f"ws:{cand.origin}" if cand.origin and cand.origin != "<memory>" else f"ws:{cand.hash}"
-        try:
-            return workspace_spec(cand.kernels, slot, self.device)
-        except BuildError as exc:
-            raise _Stop(FC.LOAD, str(exc)) from None
+    def _build_workspace(self, cand: Candidate, v: Verdict) -> Path | None:
+        """The plan's refusal or a workspace's build, recorded in `v` (raises _Stop with the
+        failure). A single file's load_inline builds wait until its module asks for them."""
+        plan = self.build_plan(cand)
+        if plan.load_error is not None:
+            raise _Stop(FC.LOAD, plan.load_error)
+        if plan.violations:
+            v.policy_violations.extend(plan.violations)
+            raise _Stop(FC.POLICY, plan.violations[0])
+        return self._build(plan.specs[0], v) if cand.kind == "workspace" else None
 
     def _build(self, spec: BuildSpec, v: Verdict) -> Path:
-        try:
-            result = self.builder.build(spec)
-        except BuildError as exc:
+        built = build_spec(self.builder, spec, policy=self.config.policy, device=self.device)
+        if built.library is None:
             v.compiled = False
-            raise _Stop(FC.COMPILE_TIMEOUT if exc.timeout else FC.COMPILE, str(exc)) from None
+            raise _Stop(built.failure.category, built.failure.message)
         v.compiled = True
-        v.build_s = (v.build_s or 0.0) + result.seconds
+        v.build_s = (v.build_s or 0.0) + built.seconds
         v.phase_s["build"] = v.build_s
-        symbols = library_imports(result.library)
-        if symbols is None:
-            v.notes.append("nm not found: the compiled extension's imports were not checked")
-        else:
-            found = pol.check_binary(symbols, self.config.policy, self.device)
-            if found:
-                v.policy_violations.extend(found)
-                raise _Stop(FC.POLICY, found[0])
-        v.build_cached = result.cached if v.build_cached is None else (v.build_cached and result.cached)
-        return result.library
+        if built.note:
+            v.notes.append(built.note)
+        if built.violations:
+            v.policy_violations.extend(built.violations)
+            raise _Stop(FC.POLICY, built.violations[0])
+        v.build_cached = built.cached if v.build_cached is None else (v.build_cached and built.cached)
+        return built.library
 
     def _reference(self, task: Task) -> _Reference:
         ref = self._references.get(task.id)
@@ -886,33 +877,18 @@ class Judge:
             return msg
 
     def _serve_build(self, msg: dict, proc: Sandboxed, v: Verdict) -> dict:
-        def text_list(x):
-            if x is None:
-                return []
-            return [x] if isinstance(x, str) else list(x) if isinstance(x, (list, tuple)) else [str(x)]
-
         try:
-            spec = inline_spec(
-                name=str(msg.get("name")), cpp_sources=text_list(msg.get("cpp_sources")),
-                cuda_sources=text_list(msg.get("cuda_sources")), functions=msg.get("functions"),
-                cflags=[str(f) for f in text_list(msg.get("cflags"))],
-                cuda_cflags=[str(f) for f in text_list(msg.get("cuda_cflags"))],
-                ldflags=[str(f) for f in text_list(msg.get("ldflags"))],
-                with_cuda=msg.get("with_cuda") if isinstance(msg.get("with_cuda"), bool) else None,
-                with_pytorch_error_handling=bool(msg.get("with_pytorch_error_handling", True)))
+            spec = spec_from_request(msg)
         except BuildError as exc:
             self._build_failure = Failure(category=FC.COMPILE, message=str(exc))
             return {"ok": False, "message": str(exc)}
-        if self.device == "cpu" and spec.with_cuda:
-            msg_text = "CUDA sources cannot be built for the CPU backend"
-            self._build_failure = Failure(category=FC.COMPILE, message=msg_text)
-            return {"ok": False, "message": msg_text}
-        violations = []
-        for rel, src in spec.sources:
-            violations += pol.check_cpp(src, f"{spec.name}/{rel}", self.config.policy)
-        if violations:
-            v.policy_violations.extend(violations)
-            return {"ok": False, "message": "policy: " + violations[0]}
+        refusal = inline_refusal(spec, self.device, self.config.policy)
+        if refusal is not None:
+            if refusal.category == "policy":
+                v.policy_violations.extend(refusal.violations)
+            else:
+                self._build_failure = Failure(category=FC.COMPILE, message=refusal.message)
+            return {"ok": False, "message": refusal.message}
         try:
             library = self._build(spec, v)
         except _Stop as stop:

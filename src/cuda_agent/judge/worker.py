@@ -24,6 +24,21 @@ def _trim_traceback(exc: BaseException, limit: int = 2500) -> str:
     return text[-limit:]
 
 
+def load_inline_request(name, cpp_sources, cuda_sources=None, functions=None, extra_cflags=None,
+                        extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None,
+                        build_directory=None, verbose=False, with_cuda=None, is_python_module=True,
+                        with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False, **_) -> dict:
+    """The build request the judge receives for a `load_inline` call (the stand-in's signature is
+    load_inline's). Compile workers bind statically read arguments to it too
+    (cuda_agent.judge.buildplan), so both paths hand the judge the same request."""
+    if extra_include_paths:
+        raise RuntimeError("extra_include_paths is not supported by the judge")
+    return {"op": "build", "name": name, "cpp_sources": cpp_sources, "cuda_sources": cuda_sources,
+            "functions": functions, "cflags": extra_cflags, "cuda_cflags": extra_cuda_cflags,
+            "ldflags": extra_ldflags, "with_cuda": with_cuda,
+            "with_pytorch_error_handling": with_pytorch_error_handling}
+
+
 class _Blocked(PermissionError):
     pass
 
@@ -228,16 +243,10 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         spec.loader.exec_module(module)
         return module
 
-    def rpc_load_inline(name, cpp_sources, cuda_sources=None, functions=None, extra_cflags=None,
-                        extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None,
-                        build_directory=None, verbose=False, with_cuda=None, is_python_module=True,
-                        with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False, **_):
-        if extra_include_paths:
-            raise RuntimeError("extra_include_paths is not supported by the judge")
-        chan.send({"op": "build", "name": name, "cpp_sources": cpp_sources, "cuda_sources": cuda_sources,
-                   "functions": functions, "cflags": extra_cflags, "cuda_cflags": extra_cuda_cflags,
-                   "ldflags": extra_ldflags, "with_cuda": with_cuda,
-                   "with_pytorch_error_handling": with_pytorch_error_handling})
+    def rpc_load_inline(*args, **kwargs):
+        request = load_inline_request(*args, **kwargs)
+        name = request["name"]
+        chan.send(request)
         answer = chan.recv()
         if not answer.get("ok"):
             raise RuntimeError(f"Error building extension '{name}':\n{answer.get('message', '')}")

@@ -129,13 +129,15 @@ class _CompileServer:
         return self.builders[arch]
 
     def handle(self, request: CompileRequest) -> PrebuildReport:
-        from .prebuild import build_specs, plan_prebuild
+        from cuda_agent.judge.buildplan import plan_build
+
+        from .prebuild import build_plan_ahead
 
         t0 = time.monotonic()
-        plan = plan_prebuild(request.candidate, self.config.device, self.config.policy)
-        report = PrebuildReport(job_id=request.job_id, specs=len(plan.specs), skipped=plan.skipped)
+        plan = plan_build(request.candidate, self.config.device, self.config.policy)
+        report = PrebuildReport(job_id=request.job_id, specs=len(plan.specs), skipped=plan.not_built)
         for arch in request.archs:
-            built, cached, failed = build_specs(self._builder(arch), plan.specs)
+            built, cached, failed = build_plan_ahead(self._builder(arch), plan)
             report.built += built
             report.cached += cached
             report.failed += len(failed)

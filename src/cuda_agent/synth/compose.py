@@ -365,20 +365,31 @@ class LLMConfig(BaseModel):
     temperature: float = 0.7
     max_tokens: int = 4096
     timeout_s: float = 120.0
+    max_retries: int = 1
+
+    def client_settings(self):
+        """The shared model client's settings (`cuda_agent.llm.ModelConfig`) for this endpoint."""
+        from cuda_agent.llm import ModelConfig
+
+        return ModelConfig(base_url=self.base_url, model=self.model, api_key=os.environ.get(self.api_key_env) or "none",
+                           tool_mode="native", temperature=self.temperature, max_tokens=self.max_tokens,
+                           timeout_s=self.timeout_s, max_retries=self.max_retries)
 
 
-def chat(cfg: LLMConfig, messages: list[dict[str, str]], seed: int | None = None) -> str:
-    """One chat completion; the only place synth talks to a model (swap for the shared client)."""
+def chat_client(cfg: LLMConfig):
+    """The project's one model client (`cuda_agent.llm.ChatClient`, as the agent uses) for `cfg`."""
+    from cuda_agent.llm import ChatClient
+
     try:
-        from openai import OpenAI
+        return ChatClient(cfg.client_settings())
     except ImportError:
         raise ComposeError("the LLM composer needs the 'openai' package (pip install openai)") from None
-    client = OpenAI(base_url=cfg.base_url, api_key=os.environ.get(cfg.api_key_env) or "none",
-                    timeout=cfg.timeout_s, max_retries=1)
-    kwargs = {"seed": seed} if seed is not None else {}
-    resp = client.chat.completions.create(model=cfg.model, messages=messages, temperature=cfg.temperature,
-                                          max_tokens=cfg.max_tokens, **kwargs)
-    return resp.choices[0].message.content or ""
+
+
+def chat(cfg: LLMConfig, messages: list[dict[str, str]], seed: int | None = None, *, client=None) -> str:
+    """One chat completion through the shared client (`client`, else a new one for `cfg`)."""
+    client = client or chat_client(cfg)
+    return client.complete(messages, [], seed=seed).content
 
 
 PROMPT = """You write PyTorch reference modules for a CUDA kernel benchmark (KernelBench format).
@@ -409,9 +420,17 @@ def extract_code(text: str) -> str:
 class LLMComposer:
     """Samples seeds deterministically per seed number and asks the model to fuse them."""
 
-    def __init__(self, seeds: list[SeedOp], llm: LLMConfig, config: ComposeConfig | None = None, chat_fn=chat):
+    def __init__(self, seeds: list[SeedOp], llm: LLMConfig, config: ComposeConfig | None = None, chat_fn=None):
+        """`chat_fn(llm, messages, seed=...) -> text`: default, the shared model client (one per composer)."""
         self.seeds = [s for s in seeds if s.class_source and s.train_eval_same]
-        self.llm, self.config, self.chat_fn = llm, config or ComposeConfig(), chat_fn
+        self.llm, self.config = llm, config or ComposeConfig()
+        self._client = None
+        self.chat_fn = chat_fn or self._chat
+
+    def _chat(self, llm: LLMConfig, messages: list[dict[str, str]], seed: int | None = None) -> str:
+        if self._client is None:
+            self._client = chat_client(llm)
+        return chat(llm, messages, seed, client=self._client)
 
     def compose(self, seed: int) -> Composition:
         rng = random.Random(f"synth-llm:{seed}")

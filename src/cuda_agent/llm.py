@@ -1,4 +1,8 @@
-"""Model clients: OpenAI-compatible chat completions (vLLM, SGLang, hosted APIs) via `openai`.
+"""The model client: OpenAI-compatible chat completions (vLLM, SGLang, hosted APIs) via `openai`.
+
+The one client of the project: the agent's loop and the synthesis LLM composer both talk to
+models through `ChatClient`. A server that cannot give a reply raises `ProviderError` (after the
+client's own retries), the typed error of this boundary.
 
 Two ways of calling tools:
 - ``native``: the server's function calling (`tools=` in the request, `tool_calls` in the reply);
@@ -60,12 +64,26 @@ class ModelConfig(BaseModel):
         return self.model_dump(mode="json", exclude={"api_key"})
 
 
-class ModelError(RuntimeError):
-    """The model server could not give a reply (after retries), or refused the request."""
+class ProviderError(RuntimeError):
+    """The model server could not give a reply (after retries), or refused the request.
+
+    `retryable`: a later attempt of the whole rollout may succeed (the server comes back, the
+    rate limit passes, the key is fixed); nothing about the rollout itself was wrong."""
+
+    kind = "provider"
+
+    @property
+    def retryable(self) -> bool:
+        return True
 
 
-class ContextLengthError(ModelError):
-    """The server refused the request because the conversation is longer than the model's context."""
+class ContextLengthError(ProviderError):
+    """The server refused the request because the conversation is longer than the model's context.
+    The same conversation is refused again: the loop ends the run as truncated, not as an error."""
+
+    @property
+    def retryable(self) -> bool:
+        return False
 
 
 @dataclass
@@ -88,6 +106,7 @@ class ModelReply:
     usage_estimated: bool = False    # the server sent no usage; counts are estimated from characters
     latency_s: float = 0.0
     attempts: int = 1
+    text_mode: bool | None = None    # tools were described in the prompt (None: not known, e.g. a replay)
 
     def message(self) -> dict:
         """The canonical assistant message for the conversation."""
@@ -100,7 +119,15 @@ class ModelReply:
 
 
 class ModelClient(Protocol):
-    def complete(self, messages: list[dict], tools: list[dict]) -> ModelReply: ...
+    """What the agent needs of a model: a reply to a conversation, and its settings to record."""
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> ModelReply:
+        """The next reply; raises ProviderError (ContextLengthError for a conversation too long)."""
+        ...
+
+    def describe(self) -> dict | None:
+        """The client's settings for trajectories (never a key), or None."""
+        ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +245,7 @@ class ChatClient:
         self._openai = openai
         key = config.api_key.get_secret_value() if config.api_key else ("EMPTY" if config.base_url else None)
         if key is None:
-            raise ModelError("no model server: pass --base-url (OPENAI_BASE_URL) for a local server, or an API "
+            raise ProviderError("no model server: pass --base-url (OPENAI_BASE_URL) for a local server, or an API "
                              "key (--api-key, OPENAI_API_KEY) for the OpenAI API")
         self._client = openai.OpenAI(base_url=config.base_url, api_key=key, timeout=config.timeout_s,
                                      max_retries=0)  # retries are ours: counted, logged, backed off
@@ -232,11 +259,15 @@ class ChatClient:
             models = self._call(lambda: self._client.models.list())[0]
             ids = [m.id for m in models.data]
             if not ids:
-                raise ModelError(f"the server at {self.config.base_url} lists no models; pass --model")
+                raise ProviderError(f"the server at {self.config.base_url} lists no models; pass --model")
             self._model = ids[0]
         return self._model
 
-    def complete(self, messages: list[dict], tools: list[dict]) -> ModelReply:
+    def describe(self) -> dict:
+        return self.config.public()
+
+    def complete(self, messages: list[dict], tools: list[dict], *, seed: int | None = None) -> ModelReply:
+        """`seed`: the request's sampling seed, for servers that honour one (reproducible synthesis)."""
         while True:
             wire = render_text_mode(messages, tools) if self.text_mode else render_native(messages)
             body: dict[str, Any] = {"model": self.model, "messages": wire}
@@ -247,6 +278,8 @@ class ChatClient:
                     body[key] = getattr(self.config, key)
             if self.config.extra_body:
                 body["extra_body"] = dict(self.config.extra_body)
+            if seed is not None:
+                body["seed"] = seed
             t0 = time.monotonic()
             try:
                 response, attempts = self._call(lambda: self._client.chat.completions.create(**body))
@@ -257,7 +290,7 @@ class ChatClient:
                 if not self.text_mode and self.config.tool_mode == "auto" and _TOOLS_UNSUPPORTED.search(text):
                     self.text_mode = True  # this server does no tool calling: describe tools in text
                     continue
-                raise ModelError(f"the server refused the request: {text}") from None
+                raise ProviderError(f"the server refused the request: {text}") from None
             return self._reply(response, attempts, time.monotonic() - t0, wire)
 
     def _call(self, fn):
@@ -271,19 +304,19 @@ class ChatClient:
                 raise
             except o.APIStatusError as exc:
                 if not isinstance(exc, transient) and exc.status_code not in (408, 409) and exc.status_code < 500:
-                    raise ModelError(f"the server answered {exc.status_code}: {_error_text(exc)}") from None
+                    raise ProviderError(f"the server answered {exc.status_code}: {_error_text(exc)}") from None
                 last = exc
             except transient as exc:
                 last = exc
             if attempt < self.config.max_retries:
                 delay = min(self.config.retry_max_s, self.config.retry_base_s * 2 ** attempt)
                 self._sleep(delay * (0.5 + random.random() / 2))
-        raise ModelError(f"no reply after {self.config.max_retries + 1} attempts: {type(last).__name__}: "
+        raise ProviderError(f"no reply after {self.config.max_retries + 1} attempts: {type(last).__name__}: "
                          f"{_error_text(last)}")
 
     def _reply(self, response, attempts: int, latency_s: float, wire: list[dict]) -> ModelReply:
         if not response.choices:
-            raise ModelError("the server returned no choices")
+            raise ProviderError("the server returned no choices")
         choice = response.choices[0]
         msg = choice.message
         content = msg.content or ""
@@ -306,7 +339,8 @@ class ChatClient:
             completion, estimated = estimate_tokens([{"c": content}]), True
         return ModelReply(content=content, tool_calls=calls, reasoning=reasoning if isinstance(reasoning, str) else None,
                           finish_reason=choice.finish_reason, prompt_tokens=prompt, completion_tokens=completion,
-                          usage_estimated=estimated, latency_s=latency_s, attempts=attempts)
+                          usage_estimated=estimated, latency_s=latency_s, attempts=attempts,
+                          text_mode=self.text_mode)
 
 
 def _error_text(exc: Exception) -> str:
