@@ -387,15 +387,12 @@ def test_prescreen_finds_static_refusals_in_the_judges_words(tmp_path):
     assert proc.returncode == 0, proc.stderr
     pre = json.loads((tmp_path / "out" / "prescreen.json").read_text())
     first = {x["key"]: (x["findings"][0]["class"], x["findings"][0]["rule"]) for x in pre["list"]}
-    assert first == {"l1_p1_flags": ("judge_problem", "build-flags"),
-                     "l1_p1_clone": ("judge_problem", "clone-pattern"),
-                     "l1_p1_input": ("judge_problem", "input-as-a-name"),
-                     "l1_p1_try": ("policy_difference", "policy-refusal"),
+    # Blank and harmless flags, `.clone()` in C++ and a parameter named `input` are published
+    # solutions' habits, not refusals; a try/except fallback (lenient policy) and a syntax error are.
+    assert first == {"l1_p1_try": ("policy_difference", "policy-refusal"),
                      "l1_p1_syntax": ("solution_error", "raised-or-crashed")}
-    flags = next(x for x in pre["list"] if x["key"] == "l1_p1_flags")["findings"][0]["message"]
-    assert flags.endswith("not allowed:  --restrict")  # the blank flag, then the one resolved through FLAGS
-    assert pre["records"] == 6 and pre["refused"] == 5
-    assert "| l1_p1_clone | judge_problem | clone-pattern |" in (tmp_path / "out" / "prescreen.md").read_text()
+    assert pre["records"] == 6 and pre["refused"] == 2
+    assert "| l1_p1_try | policy_difference | policy-refusal |" in (tmp_path / "out" / "prescreen.md").read_text()
 
 
 # ------------------------------------------------------------------------------- statistics
@@ -615,8 +612,7 @@ def test_end_to_end_on_cpu_classifies_resumes_and_reports(tmp_path, tmp_path_fac
 @pytest.mark.slow
 def test_blank_compiler_flags_of_published_solutions(tmp_path, tmp_path_factory):
     """KernelBench's template passes `extra_cflags=[""]`, and so do 226 of the leaderboard's 413
-    solutions. The judge must build them (THREAT_MODEL: blank compiler flags are no reason to refuse);
-    while it refuses them, the rules must call that refusal a judge_problem, never the solution's."""
+    solutions. The judge must build them: blank compiler flags are no reason to refuse."""
     from cuda_agent.candidate import Candidate
     from cuda_agent.judge import Judge, JudgeConfig
     from cuda_agent.tasks import Task
@@ -629,11 +625,9 @@ def test_blank_compiler_flags_of_published_solutions(tmp_path, tmp_path_factory)
                       cache_dir=judge_cache_dir(tmp_path_factory, "fidelity_flags"))
     with Judge(cfg) as judge:
         verdict = judge.evaluate(Task.from_source(SILU_TASK, name="1_SiLU", level=1), Candidate.from_source(code))
+    assert verdict.correct, verdict.failure
     entry = {"key": "k", "verdict": verdict.model_dump(mode="json"), "error": None}
-    cls, rule, _ = fid.classify(entry, {"near_factor": fid.NEAR_FACTOR})
-    if not verdict.correct:
-        assert (cls, rule) == ("judge_problem", "build-flags"), verdict.failure
-        pytest.xfail(f"the judge refuses blank compiler flags: {verdict.failure.message}")
+    cls, _, _ = fid.classify(entry, {"near_factor": fid.NEAR_FACTOR})
     assert cls == "correct"
 
 
