@@ -405,13 +405,15 @@ def private_view(workdir: Path, hide: tuple[Path, ...], drop_uid: bool) -> dict:
     hidden = [h for h in sorted(hidden) if not any(h.startswith(o + "/") for o in hidden if o != h)]
     barriers: list[str] = []
     expose: list[str] = []
+    for p in runtime_paths():
+        # under a covered judge folder (a cache that holds the venv): bound back read-only
+        under_hidden = any(p.startswith(h + "/") for h in hidden)
+        b = _barrier(p) if drop_uid else None
+        if under_hidden or b is not None:
+            expose.append(p)
+        if b is not None and not under_hidden and b not in barriers:
+            barriers.append(b)
     if drop_uid:
-        for p in runtime_paths():
-            b = _barrier(p)
-            if b is not None and not any(p == h or p.startswith(h + "/") for h in hidden):
-                expose.append(p)
-                if b not in barriers:
-                    barriers.append(b)
         wb = _barrier(workdir_s)
         if wb is not None and not any(wb == h or wb.startswith(h + "/") for h in hidden) and wb not in barriers:
             barriers.append(wb)
