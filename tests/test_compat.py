@@ -318,3 +318,12 @@ def test_nested_outputs_are_compared_item_by_item():
     assert not compare_outputs(expected, [a, [b]], **tol).ok
     assert not compare_outputs(expected, [a, [b, {"n": 3, "x": b * 2}]], **tol).ok
     assert not compare_outputs(expected, [a, b], **tol).ok
+
+
+@pytest.mark.gpu
+def test_output_limit_on_this_gpu_is_a_share_of_its_memory():
+    total_mb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory >> 20
+    limit = JudgeConfig(device="cuda").output_limit_mb()
+    assert limit == max(2048, total_mb // 8)
+    if total_mb >= 64 * 1024:   # an H100/H200-class device judges a 2 GiB output
+        assert limit > 2048
