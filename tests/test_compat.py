@@ -293,3 +293,37 @@ def test_oversized_reference_output_names_the_setting(tmp_path):
     with Judge(JudgeConfig(device="cpu", max_output_mb=1, cache_dir=tmp_path, compile_mode="none")) as j:
         v = j.check_reference(task)
     assert v.failure is not None and "max_output_mb" in v.failure.message and "1 MiB" in v.failure.message
+
+
+def test_operator_attribute_getters_are_refused():
+    for src in ("from operator import attrgetter\n", "import operator\nf = operator.methodcaller('x')\n"):
+        assert any("attrgetter/methodcaller" in v for v in policy.check_python(src, "lenient"))
+
+
+# -- nested outputs -------------------------------------------------------------------------------
+
+def test_nested_outputs_are_compared_item_by_item():
+    from cuda_agent.judge.compare import compare_outputs
+    from cuda_agent.judge.tensorio import snapshot
+
+    tol = {"atol": 1e-2, "rtol": 1e-2, "max_rel_l2": {"float32": 1e-4}}
+    a, b = torch.randn(4, 4), torch.randn(3)
+    expected = [a, [b, {"n": 3, "h": b * 2}]]
+    got = snapshot(expected)
+    assert got[1][0] is not b and torch.equal(got[1][0], b)
+    assert compare_outputs(expected, got, **tol).ok
+    assert compare_outputs(expected, [a, (b, {"n": 3, "h": b * 2})], **tol).ok   # list or tuple: a sequence
+    wrong = compare_outputs(expected, [a, [b, {"n": 3, "h": b * 3}]], **tol)
+    assert not wrong.ok and "values outside" in wrong.message
+    assert not compare_outputs(expected, [a, [b]], **tol).ok
+    assert not compare_outputs(expected, [a, [b, {"n": 3, "x": b * 2}]], **tol).ok
+    assert not compare_outputs(expected, [a, b], **tol).ok
+
+
+@pytest.mark.gpu
+def test_output_limit_on_this_gpu_is_a_share_of_its_memory():
+    total_mb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory >> 20
+    limit = JudgeConfig(device="cuda").output_limit_mb()
+    assert limit == max(2048, total_mb // 8)
+    if total_mb >= 64 * 1024:   # an H100/H200-class device judges a 2 GiB output
+        assert limit > 2048

@@ -78,6 +78,19 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
 
     for i, (e, g) in enumerate(zip(expected, got)):
         where = f"output {i}" if len(expected) > 1 else "output"
+        if isinstance(e, (list, tuple, dict)):
+            # nested outputs: the same keys or length, each item compared on its own terms
+            seq = not isinstance(e, dict)
+            if not (isinstance(g, (list, tuple)) if seq else isinstance(g, dict) and list(g) == list(e)) \
+                    or len(g) != len(e):
+                return result(False, f"{where}: expected a {type(e).__name__} of {len(e)}, got {type(g).__name__}")
+            # (the fixed per-dtype bound inside containers: the float64 twin covers top-level tensors)
+            inner = compare_outputs(list(e) if seq else list(e.values()), list(g) if seq else list(g.values()),
+                                    atol=atol, rtol=rtol, max_rel_l2=max_rel_l2)
+            worst_abs, worst_rel = max(worst_abs, inner.max_abs_err), max(worst_rel, inner.rel_l2_err)
+            if not inner.ok:
+                return result(False, f"{where} -> {inner.message}")
+            continue
         if not isinstance(e, torch.Tensor):
             if e != g:
                 return result(False, f"{where}: expected {e!r}, got {g!r}")

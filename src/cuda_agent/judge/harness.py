@@ -44,7 +44,7 @@ from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ErrorCategory, ProtocolError, send_plane
 from .sandbox import (SandboxError, SandboxSpec, Sandboxed, Zygote, is_root, new_workdir, pin_threads, python_argv,
                       seccomp_problem, work_root_dir)
-from .tensorio import TransportError, nbytes_of, pack, packed_end, unpack
+from .tensorio import TransportError, nbytes_of, pack, packed_end, snapshot, unpack
 from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
 
@@ -629,9 +629,7 @@ class Judge:
         except TransportError as exc:
             raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
         if session.shared is not None:  # views of memory the candidate can still write: snapshot first
-            got = [g.clone() if isinstance(g, torch.Tensor) else
-                   tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in g) if isinstance(g, tuple) else g
-                   for g in got]
+            got = [snapshot(g) for g in got]
         cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2,
                               expected64=expected64, noise_multiple=cfg.ref_noise_multiple,
                               rel_l2_ceiling=cfg.max_rel_l2_ceiling,

@@ -102,6 +102,10 @@ def check_python(source: str, policy: str) -> list[str]:
                     add(node, f"import from '{'.' * node.level}{mod}' is not allowed")
             if any(a.name.startswith("_") and a.name not in ALLOWED_PRIVATE for a in node.names):
                 add(node, "import of private names is not allowed")
+        elif isinstance(node, (ast.Name, ast.Attribute, ast.alias)) and \
+                (getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "name", None)) \
+                in ("attrgetter", "methodcaller"):
+            add(node, "operator.attrgetter/methodcaller (attribute names computed at run time) is not allowed")
         elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
             add(node, f"use of '{node.id}' is not allowed")
         elif isinstance(node, ast.Attribute):

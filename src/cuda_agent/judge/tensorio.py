@@ -170,6 +170,18 @@ def _tensor(m: dict, view: Region, base: int, limit: int, device, share: bool = 
     return t.to(device) if str(device) != "cpu" else t
 
 
+def snapshot(value):
+    """`value` with every tensor in it (containers included) copied: a private copy of outputs that
+    are still views of memory the candidate can write."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    return value
+
+
 def nbytes_of(values) -> int:
     total = 0
     for v in values:
