@@ -39,6 +39,7 @@ SLOW_TESTS = {
                             "test_a_worker_set_up_failure_is_the_judges_not_the_candidates"},
     "test_pool.py": {"test_real_judge_through_the_pool_keeps_baselines_in_the_database"},
     "test_prebuild.py": {"test_a_prebuilt_candidate_is_a_cache_hit_for_the_judge",
+                         "test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate",
                          "test_workspace_builds_link_one_shared_binding_object"},
     "test_suite.py": {"test_cpu_solution_passes", "test_cuda_solution_passes", "test_bench_cli_runs_the_cpu_suite"},
     # torch.compile; and two that wait out a hung task's timeout and a worker's task budget

@@ -14,11 +14,16 @@ import sys
 
 # -- cores and GPUs ----------------------------------------------------------------------------------
 
+def usable_cpus() -> list[int]:
+    """The ids of the cores this process may run on, in order."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def usable_cores() -> int:
     """The cores this process may run on (a pinned share of a machine), not the machine's count."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
+    return len(usable_cpus()) or 1
 
 
 def visible_gpus() -> list[str]:

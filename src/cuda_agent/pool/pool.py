@@ -163,7 +163,7 @@ class Pool:
         n_compile = pc.compile_workers if pc.compile_workers is not None else default_compile
         # On CUDA, two cores per GPU for the judge and the candidate it is timing, where at least as
         # many are left for compiling: a loaded core delays the judge's clock and the candidate's launches.
-        allowed = sorted(os.sched_getaffinity(0))
+        allowed = host.usable_cpus()
         timing: list[list[int] | None] = [None] * n_judges
         rest: list[int] | None = None
         if config.device == "cuda" and len(allowed) >= 4 * n_judges:
