@@ -32,6 +32,7 @@ from cuda_agent.candidate import Candidate
 from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
 
+from . import observer as obs
 from . import policy as pol
 from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBaselineStore
 from .build import Builder, BuildError, BuildSpec, build_arch, inline_spec, library_imports, workspace_spec
@@ -80,7 +81,7 @@ class _Reference:
         self.get_init_inputs = module.get_init_inputs
 
 
-_HARNESS_VERSION = 5  # bump when the call protocol changes: cached baselines depend on it
+_HARNESS_VERSION = 6  # bump when the call protocol changes: cached baselines depend on it
 
 
 @dataclass
@@ -157,18 +158,6 @@ def _to_list(out) -> list:
     return [out]
 
 
-def _recorded_calls(roles: list[str], rng: random.Random, k: int = 2) -> set[int]:
-    """The calls whose dispatched ops and kernels are recorded: the first, and `k` drawn from all
-    the others, timed ones included (a candidate must not know which of its calls are watched).
-    A recorded call is not timed, so draws that would leave fewer than two timed calls are redrawn."""
-    n = len(roles)
-    timed = [i for i, role in enumerate(roles) if role == "timed"]
-    while True:
-        recorded = {0} | set(rng.sample(range(1, n), k=min(k, n - 1)))
-        if sum(i not in recorded for i in timed) >= min(2, len(timed)):
-            return recorded
-
-
 class Judge:
     """A long-lived judge. `evaluate` never raises for a candidate's faults: it returns a Verdict."""
 
@@ -204,6 +193,7 @@ class Judge:
         self._integrity = _package_files()
         self._references: dict[str, _Reference] = {}
         self._baselines: dict[str, _Baseline] = {}
+        self._observer: Path | None = None
 
     # -------------------------------------------------------------------------------- public
     def check_reference(self, task: Task) -> Verdict:
@@ -225,7 +215,7 @@ class Judge:
                                   trusted=True)
             try:
                 roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
-                inside, _ = self._drive(session, ref, setup, roles, v, set(), deadline)
+                inside, _ = self._drive(session, ref, setup, roles, v, deadline)
             finally:
                 session.close()
             v.compiled = True
@@ -350,8 +340,7 @@ class Judge:
                                f"{', '.join(session.ready['unmatched'][:8])}")
             t_phase = time.monotonic()
             roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
-            recorded = _recorded_calls(roles, random.Random(secrets.randbits(64)))
-            inside, outside = self._drive(session, ref, setup, roles, v, recorded, deadline)
+            inside, outside = self._drive(session, ref, setup, roles, v, deadline)
             rel_slack, abs_slack = cfg.slack()
             cores = self._cores if self.device == "cpu" else 1
             rec = reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
@@ -360,7 +349,7 @@ class Judge:
                 # A loaded machine can stretch the judge's clock for a while; a candidate that lies
                 # about its time lies again. One more round of timed calls (fresh inputs, each
                 # output checked) decides, so a burst of load does not fail an honest candidate.
-                inside, outside = self._drive(session, ref, setup, ["timed"] * cfg.n_timed, v, set(), deadline,
+                inside, outside = self._drive(session, ref, setup, ["timed"] * cfg.n_timed, v, deadline,
                                               first_index=len(roles))
                 rec = reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
                                 cores=cores)
@@ -427,6 +416,7 @@ class Judge:
                        "library": str(proc.spec.workdir / "cuda_extension.so") if library else None,
                        "init_args": init_meta, "state": state_meta, "state_names": setup.state_names,
                        "init_seed": setup.init_seed, "flush": cfg.flush_l2, "trusted": trusted,
+                       "observer": str(proc.spec.workdir / obs.FILE), "policy": cfg.policy,
                        "poison_bytes": setup.out_bytes if self.device == "cuda" else 0,
                        "gpu_plane": shared.handle.hex() if shared is not None else None})
             session.ready = self._serve_init(chan, proc, v if v is not None else _scratch_verdict(task),
@@ -444,7 +434,7 @@ class Judge:
         return session
 
     def _drive(self, session: "_Session", ref: _Reference, setup: "_Setup", roles: list[str],
-               v: Verdict | None, recorded: set[int], deadline: float,
+               v: Verdict | None, deadline: float,
                first_index: int = 0) -> tuple[list[float], list[float]]:
         """Run the calls. Every call: fresh inputs revealed only when its clock starts, the output
         compared here (when `v` is given), the inputs read back and checked for modification.
@@ -460,8 +450,8 @@ class Judge:
         idle_wall = idle_cpu = 0.0
         idle_mark: tuple[float, int] | None = None
         # Where the calls phase goes (reported as phase_s "calls:*"): the judge's own reference
-        # work, the candidate's side of each call, the judge's checks, and the recorded calls.
-        split = dict.fromkeys(("reference", "candidate", "check", "recorded"), 0.0)
+        # work, the candidate's side of each call and the judge's checks.
+        split = dict.fromkeys(("reference", "candidate", "check"), 0.0)
         for i, role in enumerate(roles, start=first_index):
             t_ref = time.perf_counter()
             seed = secrets.randbits(63)
@@ -491,23 +481,20 @@ class Judge:
             meta = pack(inputs, session.calls, 0, plane.in_size)
             if session.shared is not None:
                 torch.cuda.synchronize()  # the inputs are in place before the process hears of them
-            chan.send({"op": "call", "index": i, "inputs": meta, "record": judged and i in recorded})
+            chan.send({"op": "call", "index": i, "inputs": meta})
             reply = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
             split["candidate"] += t_reply - t_prepare
-            if judged and i in recorded:
-                split["recorded"] += t_reply - t_prepare
             if not reply.get("ok"):
                 self._raise_reported(reply, v)
             claimed = _num(reply.get("inside_ms"))
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
-                self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, v, recorded,
-                                 deadline)
+                self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, v, deadline)
                 split["check"] += time.perf_counter() - t_reply
-            if role == "timed" and not (judged and i in recorded) and claimed is not None:
+            if role == "timed" and claimed is not None:
                 inside.append(claimed)
                 outside.append(measured)
             idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
@@ -524,8 +511,7 @@ class Judge:
         return inside, outside
 
     def _check_call(self, session: "_Session", i: int, role: str, inputs: list, meta: list, expected: list,
-                    reply: dict, claimed: float | None, measured: float, v: Verdict, recorded: set[int],
-                    deadline: float) -> None:
+                    reply: dict, claimed: float | None, measured: float, v: Verdict, deadline: float) -> None:
         cfg = self.config
         plane = session.plane
         self._blocked(reply, v)
@@ -567,12 +553,12 @@ class Judge:
             except TransportError:
                 raise _Stop(FC.MISMATCH, f"call {i}: the candidate process did not return its inputs") from None
         self._check_echo(inputs, back, i)
-        if i in recorded:
-            found = pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
-            found += pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
-            if found:
-                v.policy_violations.extend(found)
-                raise _Stop(FC.POLICY, found[0])
+        # every call's operators and kernels, checked, warm-up and timed alike
+        found = pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
+        found += pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
+        if found:
+            v.policy_violations.extend(found)
+            raise _Stop(FC.POLICY, found[0])
         tampered = _strs(reply.get("tampered"))
         if tampered:
             v.policy_violations.append(f"forward replaced library functions: {', '.join(tampered[:5])}")
@@ -608,7 +594,7 @@ class Judge:
         try:
             roles = ["warmup"] * (cfg.n_warmup + (2 if mode not in ("eager", "null") else 0)) + ["timed"] * cfg.n_timed
             try:
-                inside, outside = self._drive(session, ref, setup, roles, None, set(), time.monotonic() + cfg.total_timeout_s)
+                inside, outside = self._drive(session, ref, setup, roles, None, time.monotonic() + cfg.total_timeout_s)
             except _Stop as stop:
                 raise JudgeError(f"task {task.name}: {mode} baseline failed: {stop.failure.message}") from None
         finally:
@@ -695,6 +681,9 @@ class Judge:
             proc, sock = self._launch(zygote, plane)
             self._live.append(proc)
         workdir = proc.spec.workdir
+        # The judge's operator observer, loaded by the worker before anything of the task. Owned by
+        # the judge (not chowned): the candidate's uid cannot rewrite it.
+        shutil.copy2(self._observer_library(), workdir / obs.FILE)
         (workdir / "model_new.py").write_text(model_new)
         (workdir / "model.py").write_text(task.source)
         if library is not None:
@@ -705,6 +694,15 @@ class Judge:
                     os.chown(workdir / name, proc.uid, proc.uid)
         proc.reset_disk_baseline()
         return proc, Channel(sock)
+
+    def _observer_library(self) -> Path:
+        """observer.cpp built once per toolchain (the judge's own build, never a candidate's)."""
+        if self._observer is None:
+            try:
+                self._observer = self.builder.build(obs.spec()).library
+            except BuildError as exc:
+                raise JudgeError(f"the judge's operator observer does not build: {exc}") from None
+        return self._observer
 
     def _launch(self, zygote: Zygote | None = None, plane: DataPlane | None = None) -> tuple[Sandboxed, socket.socket]:
         """A worker process with nothing of a task yet. Forked from the zygote, it gets the data

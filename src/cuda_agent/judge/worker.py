@@ -3,7 +3,7 @@
 It loads the candidate, answers the judge's requests and reports what it saw. The judge treats
 every report as a claim: outputs are checked against references that never exist in this
 process, and times are believed only when the judge's own clock agrees. The audit hook and the
-recording of dispatched ops make honest mistakes and lazy hacks fail loudly; a determined
+observer of dispatched ops (observer.py) make honest mistakes and lazy hacks fail loudly; a determined
 attacker who defeats them still faces the out-of-process checks.
 """
 
@@ -143,8 +143,7 @@ def _warm_profiler(torch) -> None:
 def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE; lazy imports must not write
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    from . import observer as obs
     from .protocol import Channel, DataPlane, receive_plane
     from .tensorio import pack, unpack
     from .timing import CacheFlusher, CallTimer
@@ -167,15 +166,6 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     device = init["device"]
     workdir = os.getcwd()
     blocked: list[str] = []
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func.name())
-            return func(*args, **(kwargs or {}))
 
     def reply_error(category: str, message: str) -> None:
         chan.send({"ok": False, "category": category, "message": message, "blocked": blocked[:20]})
@@ -227,6 +217,15 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                     shared_error = f"{type(exc).__name__}: {exc}"
             if shared is None:
                 plane.pin()
+        # The operator observer and the sealing of what would compute below it, before any code of
+        # the task or the candidate is loaded (see observer.py). Trusted runs get them too: every
+        # process pays the same cost per call, which the judge's null baseline then includes.
+        observer = load_module(obs.MODULE, str(init["observer"]))
+        token = obs.new_token()
+        observer.install(token)
+        sealed = {} if init.get("trusted") else obs.seal(torch)  # torch.library's own ops redispatch
+        if not init.get("trusted") and init.get("policy", "strict") == "strict":
+            sealed.update(obs.bridge_numpy(torch, lambda: observer.mark(obs.NUMPY_MARK)))
         flusher = CacheFlusher(device, init.get("flush", True))
         timer = CallTimer(device)
         if init.get("reference_path"):
@@ -315,31 +314,28 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # Views of the judge's memory (the GPU region, or on the CPU the host plane), so any
             # write to them shows there; only CUDA over the host plane needs the echo.
             inputs = unpack(msg["inputs"], calls, 0, plane.in_size, device, share=device == "cpu")
-            record = bool(msg.get("record"))
-            ops: list[str] = []
-            kernels: list[str] = []
-            if record:
-                prof = None
-                if device == "cuda":
-                    from torch.profiler import ProfilerActivity, profile
+            # Every call is observed the same way: the operators it ran (observer.cpp) and, on
+            # CUDA, the kernels it launched (the profiler's CUDA activity).
+            prof = None
+            if device == "cuda":
+                from torch.profiler import ProfilerActivity, profile
 
-                    prof = profile(activities=[ProfilerActivity.CUDA])
-                    prof.__enter__()
-                recorder = Recorder()
-                with recorder, torch.no_grad():
-                    timer.start()
-                    out = model(*inputs)
-                    inside_ms = timer.stop()
-                ops = recorder.ops
-                if prof is not None:
-                    prof.__exit__(None, None, None)
-                    kernels = sorted({e.name for e in prof.events()
-                                      if str(getattr(e, "device_type", "")).endswith("CUDA")})
-            else:
-                with torch.no_grad():
-                    timer.start()
-                    out = model(*inputs)
-                    inside_ms = timer.stop()
+                prof = profile(activities=[ProfilerActivity.CUDA])
+                prof.__enter__()
+            observer.take(token)  # what the judge's own unpacking ran
+            with torch.no_grad():
+                timer.start()
+                out = model(*inputs)
+                inside_ms = timer.stop()
+            observer.sentinel()
+            ops = observer.take(token)
+            kernels: list[str] = []
+            if prof is not None:
+                prof.__exit__(None, None, None)
+                kernels = sorted({e.name for e in prof.events()
+                                  if str(getattr(e, "device_type", "")).endswith("CUDA")})
+            unobserved = [] if observer.SENTINEL in ops else ["the operator observer (its sentinel went unrecorded)"]
+            ops = [o for o in ops if o != observer.SENTINEL]
             structure = "tensor" if isinstance(out, torch.Tensor) else type(out).__name__
             outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else [out]
             meta = pack(outs, calls, plane.out_offset, plane.out_size)
@@ -348,6 +344,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             flags_after = _numeric_flags(torch)
             changed = sorted(k for k in flags_before if flags_before[k] != flags_after[k])
             tampered = sorted(k for k, fn in watched.items() if _resolve(k, torch) is not fn)
+            tampered += obs.changed(sealed) + unobserved
             chan.send({"ok": True, "inside_ms": inside_ms, "structure": structure, "outputs": meta,
                        "tampered": tampered, "ops": ops[:4096], "kernels": kernels[:512], "flags_changed": changed,
                        "blocked": blocked[:20]})
