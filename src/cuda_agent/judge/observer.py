@@ -70,8 +70,9 @@ def _owner(path: str, torch):
     return obj
 
 
-def _refuse(what: str):
+def _refuse(what: str, report):
     def refused(*args, **kwargs):
+        report(f"{what} (computes without being observed)")
         raise RuntimeError(f"{what} is not available under the judge (it computes without being observed)")
 
     refused.__module__ = "cuda_agent.judge.observer"
@@ -79,19 +80,20 @@ def _refuse(what: str):
     return refused
 
 
-def seal(torch) -> dict[str, object]:
-    """Replace the SEALED entry points; returns {dotted name: object now there} to check later."""
+def seal(torch, report) -> dict[str, tuple]:
+    """Replace the SEALED entry points (a use calls `report(what)`, then raises); returns
+    {dotted name: (owner, attribute, object now there)} to check later."""
     sealed = {}
     for path, attr in SEALED:
         owner = _owner(path, torch)
         if owner is None or not hasattr(owner, attr):
             continue
-        setattr(owner, attr, _refuse(f"{path}.{attr}"))
+        setattr(owner, attr, _refuse(f"{path}.{attr}", report))
         sealed[f"{path}.{attr}"] = (owner, attr, getattr(owner, attr))
     return sealed
 
 
-def bridge_numpy(torch, note) -> dict[str, object]:
+def bridge_numpy(torch, note) -> dict[str, tuple]:
     """Wrap the NUMPY_BRIDGES so that each use calls `note()` first (which records NUMPY_MARK)."""
     wrapped = {}
     for path, attr in NUMPY_BRIDGES:

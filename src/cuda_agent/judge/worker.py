@@ -28,6 +28,27 @@ class _Blocked(PermissionError):
     pass
 
 
+# Native libraries the worker itself loaded for the judge (the observer, the libraries the judge
+# built and placed in the workspace). Candidate code may import these again; any other native
+# module must come from the Python/torch installation, never from a folder the candidate can write.
+_JUDGE_LIBRARIES: set[str] = set()
+
+
+def _native_allowed(filename: str, workdir_root: str) -> bool:
+    real = os.path.realpath(filename)
+    if real in _JUDGE_LIBRARIES:
+        return True
+    if real == workdir_root or real.startswith(workdir_root + os.sep):
+        return False
+    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    roots |= _INSTALL_PATHS
+    return any(real.startswith(r + os.sep) for r in roots)
+
+
+# Import paths of the installation (user site, PYTHONPATH), taken before candidate code runs.
+_INSTALL_PATHS: set[str] = set()
+
+
 def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
     deny = {
         "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
@@ -41,6 +62,8 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
     path_events = {"os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
                    "os.symlink", "os.link", "shutil.rmtree", "shutil.move", "os.mkdir", "os.utime"}
     root = os.path.realpath(workdir)
+    _INSTALL_PATHS.update(os.path.realpath(p) for p in sys.path if os.path.isabs(p) and os.path.isdir(p)
+                          and not (os.path.realpath(p) + os.sep).startswith(root + os.sep))
 
     def inside(path) -> bool:
         if isinstance(path, int):
@@ -55,6 +78,11 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
         if event in deny:
             blocked.append(event)
             raise _Blocked(f"{event} is not allowed in the judge's sandbox")
+        if event == "import" and len(args) > 1 and isinstance(args[1], str) \
+                and not args[1].endswith((".py", ".pyc")) and not _native_allowed(args[1], root):
+            # an extension module (native code) the judge did not build or install
+            blocked.append(f"native module {args[1]!r}")
+            raise _Blocked(f"loading native code from {args[1]!r} is not allowed (only what the judge built)")
         if event == "open":
             path, mode = args[0], args[1] if len(args) > 1 else "r"
             writing = isinstance(mode, str) and any(c in mode for c in "wax+")
@@ -174,6 +202,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     import torch.utils.cpp_extension as cpp_extension
 
     def load_module(name: str, library: str):
+        _JUDGE_LIBRARIES.add(os.path.realpath(library))
         spec = importlib.util.spec_from_file_location(name, library)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -221,9 +250,11 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         # the task or the candidate is loaded (see observer.py). Trusted runs get them too: every
         # process pays the same cost per call, which the judge's null baseline then includes.
         observer = load_module(obs.MODULE, str(init["observer"]))
+        _JUDGE_LIBRARIES.discard(os.path.realpath(str(init["observer"])))  # not for the candidate to load
         token = obs.new_token()
         observer.install(token)
-        sealed = {} if init.get("trusted") else obs.seal(torch)  # torch.library's own ops redispatch
+        # not for trusted runs: torch.library's own custom ops redispatch
+        sealed = {} if init.get("trusted") else obs.seal(torch, blocked.append)
         if not init.get("trusted") and init.get("policy", "strict") == "strict":
             sealed.update(obs.bridge_numpy(torch, lambda: observer.mark(obs.NUMPY_MARK)))
         flusher = CacheFlusher(device, init.get("flush", True))
