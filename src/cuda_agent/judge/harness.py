@@ -158,6 +158,35 @@ def _to_list(out) -> list:
     return [out]
 
 
+def _reference_ops(ref: "_Reference", device: str) -> set[str]:
+    """The ATen operators a task's reference runs, from one pass under a dispatch mode in the judge's
+    own process: on the meta device (no compute), else on `device` with the task's own inputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.name())
+            return func(*args, **(kwargs or {}))
+
+    for where in ("meta", device):
+        rec = _Ops()
+        try:
+            torch.manual_seed(0)
+            with torch.device(where):
+                model = ref.Model(*ref.get_init_inputs())
+                inputs = ref.get_inputs()
+            with rec, torch.no_grad():
+                model(*inputs)
+            return rec.names
+        except Exception:  # meta kernels missing or data-dependent code: try for real
+            continue
+    return set()
+
+
 class Judge:
     """A long-lived judge. `evaluate` never raises for a candidate's faults: it returns a Verdict."""
 
@@ -194,6 +223,8 @@ class Judge:
         self._references: dict[str, _Reference] = {}
         self._baselines: dict[str, _Baseline] = {}
         self._observer: Path | None = None
+        self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
+        self._task_vendor: frozenset[str] = frozenset()
 
     # -------------------------------------------------------------------------------- public
     def check_reference(self, task: Task) -> Verdict:
@@ -310,6 +341,7 @@ class Judge:
         cfg = self.config
         deadline = t0 + cfg.total_timeout_s
         self._static_checks(cand, v)
+        self._task_vendor = self._vendor_allowance(task)
 
         library = None
         if cand.kind == "workspace":
@@ -642,12 +674,20 @@ class Judge:
         if symbols is None:
             v.notes.append("nm not found: the compiled extension's imports were not checked")
         else:
-            found = pol.check_binary(symbols, self.config.policy, self.device)
+            found = pol.check_binary(symbols, self.config.policy, self.device, vendor=self._task_vendor)
             if found:
                 v.policy_violations.extend(found)
                 raise _Stop(FC.POLICY, found[0])
         v.build_cached = result.cached if v.build_cached is None else (v.build_cached and result.cached)
         return result.library
+
+    def _vendor_allowance(self, task: Task) -> frozenset[str]:
+        """cuBLAS GEMMs if the task's reference has a GEMM, cuDNN convolutions if it has a convolution;
+        learnt once per task."""
+        got = self._vendor.get(task.id)
+        if got is None:
+            got = self._vendor[task.id] = pol.vendor_allowance(_reference_ops(self._reference(task), self.device))
+        return got
 
     def _reference(self, task: Task) -> _Reference:
         ref = self._references.get(task.id)
