@@ -291,6 +291,9 @@ _DENY_ALWAYS = [
                 r"opendir|nftw|ftw|read|pread(64)?|readv|preadv\d?|write|pwrite(64)?|writev|lseek(64)?|readlink(at)?|"
                 r"fstat(at)?|stat|lstat|statx|dup[23]?|fcntl|ioctl|sendfile(64)?|splice|memfd_create)$"),
      "file or descriptor access"),
+    (re.compile(r"^std::(thread::|jthread::|__future_base::|async\b|filesystem::|__cxx11::basic_filebuf|basic_filebuf|"
+                r"__cxx11::basic_[io]?fstream|basic_[io]?fstream|experimental::filesystem)"),
+     "threads or files through the C++ library"),
     (re.compile(r"^(socket|socketpair|connect|bind|listen|accept4?|sendto|sendmsg|getaddrinfo|gethostbyname)$"),
      "network access"),
     (re.compile(r"^(kill|killpg|tgkill|tkill|sigqueue)$"), "signalling other processes"),
@@ -329,8 +332,17 @@ _ALLOW_STRICT = [re.compile(p) for p in (
     # C and C++ runtime: memory, strings for messages, exceptions, static initialisation
     r"^operator (new|delete)(\[\])?$", r"^std::", r"^__gnu_cxx::", r"^__cxa_\w+$", r"^__gxx_personality_v0$",
     r"^_Unwind_\w+$", r"^__stack_chk_fail$", r"^__dso_handle$", r"^__tls_get_addr$", r"^_GLOBAL_OFFSET_TABLE_$",
-    r"^__assert_fail$", r"^abort$",
-    r"^(memcpy|memmove|memset|memcmp|memchr|strlen|strcmp|strncmp|strcpy|strncpy|strchr|strrchr|strstr|"
+    r"^__assert_fail$", r"^abort$", r"^__dynamic_cast$", r"^__libc_single_threaded$", r"^__cpu_model$",
+    r"^__cpu_indicator_init$", r"^__errno_location$",
+    r"^(VTT|vtable|typeinfo|typeinfo name|construction vtable) for (std::|__cxxabiv1::|__gnu_cxx::|pybind11::|"
+    r"c10::(\w*Error|Warning|SymNodeImpl|intrusive_ptr_target|TensorImpl|StorageImpl|UndefinedTensorImpl)\b|"
+    r"at::TensorBase\b|at::Tensor\b|torch::autograd::AutogradMeta\b)",
+    # stdio on the streams a process starts with (opening files is refused above)
+    r"^(printf|fprintf|vfprintf|fputc|fputs|puts|putchar|fflush|fwrite|__(v?f?printf)_chk|stderr|stdout)$",
+    # locks and once-flags of libstdc++'s own inline code (creating threads is refused above)
+    r"^pthread_(mutex_(lock|unlock|trylock|init|destroy)|once|getspecific|setspecific|key_create|key_delete|"
+    r"self|equal|cond_\w+|rwlock_\w+)$",
+    r"^(memcpy|memmove|memset|memcmp|memchr|strlen|strcmp|strncmp|strcpy|strncpy|strchr|strrchr|strstr|strdup|"
     r"malloc|free|calloc|realloc|posix_memalign|aligned_alloc|snprintf|vsnprintf|sprintf|strtol|strtoll|"
     r"strtoul|strtod|strtof|qsort|bsearch|abs|labs|llabs)$",
     r"^__(memcpy|memmove|memset|snprintf|vsnprintf|sprintf|strcpy|strncpy|strcat)_chk$",
@@ -343,7 +355,7 @@ _ALLOW_STRICT = [re.compile(p) for p in (
     # OpenMP
     r"^(GOMP|omp|__kmpc|kmp)_\w+$",
     # pybind11 and the parts of the Python C-API its templates use (not running code: see _DENY_PY)
-    r"^pybind11::", r"^_?Py[A-Za-z]\w*$", r"^_Py_\w+$", r"^THP\w+$",
+    r"^pybind11::", r"^_?Py_?[A-Za-z]\w*$", r"^THP\w+$",
     r"^torch::(PyWarningHandler|translate_exception_to_python|utils::|python::|autograd::utils::wrap|"
     r"autograd::(Variable|make_variable)|detail::)", r"^torch::autograd::THPVariable\w*",
     # tensors: accessors, options, creation (ATen calls are checked against the allowed operators),
@@ -352,7 +364,8 @@ _ALLOW_STRICT = [re.compile(p) for p in (
     r"in_parallel_region|get_thread_num|init_num_threads|internal::invoke_parallel|internal::lazy_init_num_threads|"
     r"internal::GRAIN_SIZE)$", r"^at::detail::(empty_\w+|getCUDAHooks|check_size_nonnegative)$", r"^at::empty_(cpu|cuda)$",
     r"^at::(cuda::)?(getCurrentCUDAStream|getStreamFromPool|getDefaultCUDAStream)$",
-    r"^c10::(detail::(torchCheck\w*|torchInternalAssertFail|check\w*|_str\w*|StringUtil\w*)|Error|Error::|"
+    r"^c10::(detail::(torchCheck\w*|torchInternalAssertFail|check\w*|_str\w*|StringUtil\w*|maybe_wrap_dim\w*)|"
+    r"Error|Error::|SymbolicShapeMeta::|impl::getGlobalPyInterpreter|"
     r"IndexError|ValueError|TypeError|NotImplementedError|OutOfMemoryError|LinAlgError|Warning|Warning::|"
     r"WarningHandler|ThreadLocalWarningHandler|warn|WarningUtils|SymInt::|SymBool::|SymFloat::|SymNode|Scalar::|"
     r"IValue::|ivalue::|intrusive_ptr|TensorImpl::|StorageImpl::|UndefinedTensorImpl::|Storage::|DataPtr|"
@@ -409,6 +422,12 @@ CONV_OPS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_t
             "conv_tbc", "_conv_depthwise2d", "slow_conv2d_forward", "slow_conv3d_forward", "thnn_conv2d",
             "slow_conv_transpose2d", "slow_conv_transpose3d", "_slow_conv2d_forward", "conv_depthwise3d",
             "_nnpack_spatial_convolution", "miopen_convolution"}
+
+
+def _allowed(plain: str) -> bool:
+    # a template function's demangled name starts with its return type ("float* at::TensorBase::data_ptr<float>")
+    core = plain.rsplit(" ", 1)[-1] if " " in plain.split("<")[0] and not plain.startswith("operator ") else plain
+    return any(p.search(name) for p in _ALLOW_STRICT for name in {plain, core}) or bool(_ATEN_CUDA_OK.match(plain))
 
 
 def vendor_allowance(reference_ops) -> frozenset[str]:
@@ -469,7 +488,7 @@ def check_binary(symbols: list[str], policy: str, device: str,
                 pass  # an allowed operator (creation, views)
             elif _DENY_PY.match(plain) and not _PY_PYBIND.match(plain):
                 add(sym, "the Python C-API running code; strict policy")
-            elif not any(p.search(plain) for p in _ALLOW_STRICT) and not _ATEN_CUDA_OK.match(plain):
+            elif not _allowed(plain):
                 add(sym, "not among what a binding may import: tensor accessors, TORCH_CHECK, allocation and "
                          "streams, pybind11, libc/libm/libstdc++, OpenMP, the CUDA runtime; strict policy")
     return out
