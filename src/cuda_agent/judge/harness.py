@@ -521,6 +521,14 @@ class Judge:
             split["candidate"] += t_reply - t_prepare
             if not reply.get("ok"):
                 self._raise_reported(reply, v)
+            if dev == "cuda":
+                # the kernels the call launched follow its reply, outside the call's clock (worker.py)
+                listed = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+                if not listed.get("ok"):
+                    self._raise_reported(listed, v)
+                if listed.get("op") != "kernels":
+                    raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not list its kernels")
+                reply["kernels"] = listed.get("kernels")
             claimed = _num(reply.get("inside_ms"))
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:

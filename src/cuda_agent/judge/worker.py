@@ -360,11 +360,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 inside_ms = timer.stop()
             observer.sentinel()
             ops = observer.take(token)
-            kernels: list[str] = []
             if prof is not None:
-                prof.__exit__(None, None, None)
-                kernels = sorted({e.name for e in prof.events()
-                                  if str(getattr(e, "device_type", "")).endswith("CUDA")})
+                prof.__exit__(None, None, None)  # before the outputs are copied out: those kernels are the judge's
             unobserved = [] if observer.SENTINEL in ops else ["the operator observer (its sentinel went unrecorded)"]
             ops = [o for o in ops if o != observer.SENTINEL]
             structure = "tensor" if isinstance(out, torch.Tensor) else type(out).__name__
@@ -377,8 +374,13 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             tampered = sorted(k for k, fn in watched.items() if _resolve(k, torch) is not fn)
             tampered += obs.changed(sealed) + unobserved
             chan.send({"ok": True, "inside_ms": inside_ms, "structure": structure, "outputs": meta,
-                       "tampered": tampered, "ops": ops[:4096], "kernels": kernels[:512], "flags_changed": changed,
+                       "tampered": tampered, "ops": ops[:4096], "flags_changed": changed,
                        "blocked": blocked[:20]})
+            if prof is not None:
+                # Listing the profiler's events takes time that grows with the kernels launched: it
+                # is sent after the reply, once the judge's clock of the call has stopped.
+                kernels = sorted({e.name for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")})
+                chan.send({"ok": True, "op": "kernels", "kernels": kernels[:512]})
         except BaseException as exc:
             oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
             category = "oom" if isinstance(exc, oom_types) else "runtime"
