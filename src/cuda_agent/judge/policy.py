@@ -337,6 +337,7 @@ _ALLOW_STRICT = [re.compile(p) for p in (
     r"^(VTT|vtable|typeinfo|typeinfo name|construction vtable) for (std::|__cxxabiv1::|__gnu_cxx::|pybind11::|"
     r"c10::(\w*Error|Warning|SymNodeImpl|intrusive_ptr_target|TensorImpl|StorageImpl|UndefinedTensorImpl)\b|"
     r"at::TensorBase\b|at::Tensor\b|torch::autograd::AutogradMeta\b)",
+    r"^typeinfo( name)? for [a-z ]+( const)?\**$",  # builtin types (thrown or caught by value)
     # stdio on the streams a process starts with (opening files is refused above)
     r"^(printf|fprintf|vfprintf|fputc|fputs|puts|putchar|fflush|fwrite|__(v?f?printf)_chk|stderr|stdout)$",
     # locks and once-flags of libstdc++'s own inline code (creating threads is refused above)
