@@ -366,7 +366,7 @@ _ALLOW_STRICT = [re.compile(p) for p in (
     r"internal::GRAIN_SIZE)$", r"^at::detail::(empty_\w+|getCUDAHooks|check_size_nonnegative)$", r"^at::empty_(cpu|cuda)$",
     r"^at::(cuda::)?(getCurrentCUDAStream|getStreamFromPool|getDefaultCUDAStream)$",
     r"^c10::(detail::(torchCheck\w*|torchInternalAssertFail|check\w*|_str\w*|StringUtil\w*|maybe_wrap_dim\w*)|"
-    r"Error|Error::|SymbolicShapeMeta::|impl::getGlobalPyInterpreter|"
+    r"Error|Error::|SymbolicShapeMeta::|impl::getGlobalPyInterpreter|throwNullDataPtrError|warnDeprecatedDataPtr|"
     r"IndexError|ValueError|TypeError|NotImplementedError|OutOfMemoryError|LinAlgError|Warning|Warning::|"
     r"WarningHandler|ThreadLocalWarningHandler|warn|WarningUtils|SymInt::|SymBool::|SymFloat::|SymNode|Scalar::|"
     r"IValue::|ivalue::|intrusive_ptr|TensorImpl::|StorageImpl::|UndefinedTensorImpl::|Storage::|DataPtr|"
