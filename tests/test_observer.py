@@ -65,6 +65,9 @@ SCRIPT = textwrap.dedent("""
 
     out["disable_torch_dispatch"] = observe(no_torch_dispatch)
     out["numpy"] = observe(lambda: torch.from_numpy(torch.storage.np.asarray(a).dot(torch.storage.np.asarray(b))))
+    out["op_dk"] = attempt(lambda: torch.ops.aten.mm.default._op_dk(torch.DispatchKey.CPU, a, b))
+    out["fresh_op_dk"] = attempt(lambda: torch._C._get_operation_overload("aten::addmm", "")[1](torch.DispatchKey.CPU, a, a, b))
+    out["fresh_overload"] = observe(lambda: torch.ops.aten.bmm.default(a[None], b[None]))
     out["redispatch"] = attempt(lambda: torch.ops.aten.mm.default.redispatch(torch.DispatchKeySet(torch.DispatchKey.CPU), a, b))
     out["kernel_by_key"] = attempt(lambda: torch._C._dispatch_get_computed_kernel_for_dispatch_key("aten::mm", torch.DispatchKey.CPU))
     out["switch_off"] = attempt(lambda: torch.autograd._enable_record_function(False))
@@ -126,9 +129,10 @@ def test_observer_sees_every_operator_and_cannot_be_dodged(observer_library):
     assert obs.NUMPY_MARK in out["numpy"]
     assert policy.check_dispatched(out["numpy"], "strict")
     # the ways below RecordFunction, and its switches, are sealed and report their use
-    for case in ("redispatch", "kernel_by_key", "switch_off", "clear"):
+    for case in ("redispatch", "kernel_by_key", "switch_off", "clear", "op_dk", "fresh_op_dk"):
         assert out[case] == "refused", case
-    assert len(out["reported"]) == 4
+    assert len(out["reported"]) == 6
+    assert "aten::bmm" in out["fresh_overload"]  # operators first used after sealing still work, observed
     assert "torch._ops.OpOverload.redispatch" in out["sealed"]
     assert out["changed_before"] == []
     assert out["changed_after"] == ["torch._ops.OpOverload.redispatch"]

@@ -90,7 +90,36 @@ def seal(torch, report) -> dict[str, tuple]:
             continue
         setattr(owner, attr, _refuse(f"{path}.{attr}", report))
         sealed[f"{path}.{attr}"] = (owner, attr, getattr(owner, attr))
+    sealed.update(seal_kernel_by_key(torch, report))
     return sealed
+
+
+def seal_kernel_by_key(torch, report) -> dict[str, tuple]:
+    """Each OpOverload holds `_op_dk`, which calls the operator's kernel for a chosen dispatch key
+    without entering Dispatcher::call. A class-level property shadows every instance's copy (and
+    refuses), the copies already made are dropped, and `_get_operation_overload`, which hands new
+    ones out, returns a refusing one instead."""
+    import torch._ops as ops
+
+    refused = _refuse("torch._ops.OpOverload._op_dk", report)
+    ops.OpOverload._op_dk = property(lambda self: refused, lambda self, value: None)
+    for ns in list(vars(torch.ops).values()):
+        for packet in list(vars(ns).values()) if isinstance(ns, ops._OpNamespace) else ():
+            for overload in list(vars(packet).values()) if isinstance(packet, ops.OpOverloadPacket) else ():
+                if isinstance(overload, ops.OpOverload):
+                    vars(overload).pop("_op_dk", None)
+    original = torch._C._get_operation_overload
+
+    def _get_operation_overload(*args, **kwargs):
+        found = original(*args, **kwargs)
+        if isinstance(found, tuple) and len(found) == 3:
+            return found[0], refused, found[2]
+        return found
+
+    _get_operation_overload.__module__ = "torch._C"
+    torch._C._get_operation_overload = _get_operation_overload
+    return {"torch._ops.OpOverload._op_dk": (ops.OpOverload, "_op_dk", vars(ops.OpOverload)["_op_dk"]),
+            "torch._C._get_operation_overload": (torch._C, "_get_operation_overload", _get_operation_overload)}
 
 
 def bridge_numpy(torch, note) -> dict[str, tuple]:
@@ -117,8 +146,17 @@ def bridge_numpy(torch, note) -> dict[str, tuple]:
 
 
 def changed(installed: dict[str, tuple]) -> list[str]:
-    """Names whose object is no longer the one installed."""
-    return sorted(name for name, (owner, attr, obj) in installed.items() if getattr(owner, attr, None) is not obj)
+    """Names whose object is no longer the one installed (read from the class itself, so that a
+    descriptor is compared, not what it returns)."""
+    def current(owner, attr):
+        if isinstance(owner, type):
+            for klass in owner.__mro__:
+                if attr in vars(klass):
+                    return vars(klass)[attr]
+            return None
+        return getattr(owner, attr, None)
+
+    return sorted(name for name, (owner, attr, obj) in installed.items() if current(owner, attr) is not obj)
 
 
 def new_token() -> str:
