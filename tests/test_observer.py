@@ -170,3 +170,38 @@ def test_honest_creation_and_views_pass_the_strict_check(observer_library):
     ops = json.loads(res.stdout.strip().splitlines()[-1])
     assert "aten::empty_like" in ops and "aten::view" in ops
     assert policy.check_dispatched(ops, "strict") == [], ops
+
+
+@pytest.mark.gpu
+def test_observer_on_cuda_tensors(observer_library):
+    """The same observer sees CUDA operators (cuBLAS behind aten::mm included), under guards too."""
+    script = textwrap.dedent("""
+        import importlib.util, json, sys
+        import torch
+        from cuda_agent.judge import observer as obs
+        spec = importlib.util.spec_from_file_location(obs.MODULE, sys.argv[1])
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+        token = obs.new_token()
+        m.install(token)
+        obs.seal(torch, lambda what: None)
+        a = torch.randn(64, 64, device="cuda")
+        m.take(token)
+        with torch.ExcludeDispatchKeyGuard(torch.DispatchKeySet(torch.DispatchKey.Python)):
+            a @ a
+        torch.cuda.synchronize()
+        m.sentinel()
+        seen = m.take(token)
+        try:
+            torch.ops.aten.mm.default.redispatch(torch.DispatchKeySet(torch.DispatchKey.CUDA), a, a)
+            redispatch = "ran"
+        except RuntimeError:
+            redispatch = "refused"
+        print(json.dumps({"seen": seen, "redispatch": redispatch}))
+    """)
+    res = subprocess.run([sys.executable, "-c", script, str(observer_library)], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert "aten::mm" in out["seen"] and "cuda_agent::observer_sentinel" in out["seen"]
+    assert out["redispatch"] == "refused"
