@@ -332,7 +332,7 @@ _ALLOW_STRICT = [re.compile(p) for p in (
     # C and C++ runtime: memory, strings for messages, exceptions, static initialisation
     r"^operator (new|delete)(\[\])?$", r"^std::", r"^__gnu_cxx::", r"^__cxa_\w+$", r"^__gxx_personality_v0$",
     r"^_Unwind_\w+$", r"^__stack_chk_fail$", r"^__dso_handle$", r"^__tls_get_addr$", r"^_GLOBAL_OFFSET_TABLE_$",
-    r"^__assert_fail$", r"^abort$", r"^atexit$", r"^__dynamic_cast$", r"^__libc_single_threaded$", r"^__cpu_model$",
+    r"^__assert_fail$", r"^abort$", r"^atexit$", r"^exit$", r"^__dynamic_cast$", r"^__libc_single_threaded$", r"^__cpu_model$",
     r"^__cpu_indicator_init$", r"^__errno_location$",
     r"^(VTT|vtable|typeinfo|typeinfo name|construction vtable) for (std::|__cxxabiv1::|__gnu_cxx::|pybind11::|"
     r"c10::(\w*Error|Warning|SymNodeImpl|intrusive_ptr_target|TensorImpl|StorageImpl|UndefinedTensorImpl)\b|"
