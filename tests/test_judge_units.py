@@ -363,20 +363,49 @@ def test_binary_import_check():
     assert policy.check_binary(["at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"], "lenient", "cpu") == []
 
 
-def test_recorded_calls_leave_two_timed_calls():
-    """A recorded call is not timed: the draw never leaves fewer than two timed calls, yet timed
-    calls are recorded too (a candidate cannot behave only while it is watched)."""
-    import random
+def test_binary_allow_list_and_vendor_per_task():
+    """Strict: what is not on the allow-list is refused whatever its name (libtorch's C++ modules,
+    the dynamic linker's tables); cuBLAS only for GEMMs in GEMM tasks, cuDNN only for convolutions."""
+    honest = ["operator new(unsigned long)", "std::__throw_length_error(char const*)", "expf", "__expf_finite",
+              "GOMP_parallel", "omp_get_num_threads", "pybind11::detail::get_internals()", "PyTuple_New",
+              "c10::detail::torchCheckFail(char const*, char const*, unsigned int, std::string const&)",
+              "c10::TensorImpl::is_contiguous_custom(c10::MemoryFormat) const", "at::TensorBase::data_ptr<float>() const",
+              "c10::cuda::getCurrentCUDAStream(signed char)", "cudaLaunchKernel", "__cudaRegisterFatBinary",
+              "cudaFuncSetAttribute", "cudaMemsetAsync"]
+    assert policy.check_binary(honest, "strict", "cuda", vendor=frozenset()) == []
+    for sym in ["torch::nn::LinearImpl::forward(at::Tensor const&)", "torch::nn::Module::register_parameter(std::string, at::Tensor, bool)",
+                "dl_iterate_phdr", "some_unknown_function", "PyRun_SimpleString", "at::clearCallbacks()",
+                "at::enableRecordFunction(bool)", "c10::Dispatcher::singleton()"]:
+        assert policy.check_binary([sym], "strict", "cpu"), sym
+    gemm, conv = "cublasSgemm_v2", "cudnnConvolutionForward"
+    assert policy.check_binary([gemm], "strict", "cuda", vendor=frozenset({"gemm"})) == []
+    assert policy.check_binary([gemm], "strict", "cuda", vendor=frozenset({"conv"}))
+    assert policy.check_binary(["cublasSaxpy_v2"], "strict", "cuda", vendor=frozenset({"gemm"}))
+    assert policy.check_binary([conv], "strict", "cuda", vendor=frozenset({"conv"})) == []
+    assert policy.check_binary([conv], "strict", "cuda", vendor=frozenset({"gemm"}))
+    assert policy.check_binary(["cudnnSoftmaxForward"], "strict", "cuda", vendor=frozenset({"conv"}))
+    assert policy.check_binary([gemm], "strict", "cpu", vendor=frozenset({"gemm"}))  # no cuBLAS on the CPU
 
-    from cuda_agent.judge.harness import _recorded_calls
 
-    roles = ["check"] * 5 + ["warmup"] * 3 + ["timed"] * 3
-    rng = random.Random(0)
-    draws = [_recorded_calls(roles, rng) for _ in range(2000)]
-    for rec in draws:
-        assert 0 in rec and len(rec) == 3
-        assert sum(i not in rec for i in range(8, 11)) >= 2
-    assert any(rec & {8, 9, 10} for rec in draws)
+def test_vendor_allowance_learnt_from_the_reference():
+    """The judge runs each task's reference once (meta device) and allows vendor GEMMs/convolutions
+    only where the reference has them."""
+    from cuda_agent.judge.harness import _Reference, _reference_ops
+    from cuda_agent.tasks import Task
+
+    def allowance(source: str) -> frozenset[str]:
+        task = Task.from_source(source, name="t")
+        return policy.vendor_allowance(_reference_ops(_Reference(task), "cpu"))
+
+    head = "import torch\nimport torch.nn as nn\n"
+    inputs = "def get_init_inputs():\n    return []\n"
+    assert allowance(head + "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.matmul(a, b)\n"
+                     "def get_inputs():\n    return [torch.randn(8, 8), torch.randn(8, 8)]\n" + inputs) == {"gemm"}
+    assert allowance(head + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                     "        self.c = nn.Conv2d(3, 4, 3)\n    def forward(self, x):\n        return self.c(x)\n"
+                     "def get_inputs():\n    return [torch.randn(1, 3, 8, 8)]\n" + inputs) == {"conv"}
+    assert allowance(head + "class Model(nn.Module):\n    def forward(self, x):\n        return torch.softmax(x, -1)\n"
+                     "def get_inputs():\n    return [torch.randn(4, 8)]\n" + inputs) == frozenset()
 
 
 def test_spare_workers_are_kept_under_distinct_uids_and_used(tmp_path):

@@ -118,6 +118,15 @@ def object_imports(out_dir: Path) -> list[str] | None:
         parts = line.strip().split(None, 1)
         if len(parts) == 2 and parts[0] in ("U", "w", "v"):
             names.add(parts[1].split("@")[0].strip())
+    # A function one object calls and another defines (a workspace's binding file and its kernels)
+    # is the candidate's own code, not an import.
+    res = subprocess.run(["nm", "--defined-only", "-C", *objects], capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        return None
+    for line in res.stdout.splitlines():
+        parts = line.strip().split(None, 2)
+        if len(parts) == 3:
+            names.discard(parts[2].split("@")[0].strip())
     return sorted(names)
 
 
@@ -164,7 +173,7 @@ def toolchain_fingerprint(arch: str | None) -> str:
     return json.dumps({
         "torch": torch.__version__, "cuda": torch.version.cuda, "arch": arch, "cxx": cxx,
         "python": sys.version.split()[0], "abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
-        "builder": 3,
+        "builder": 4,  # 4: imports.json leaves out symbols the library's own objects define
     }, sort_keys=True)
 
 

@@ -164,9 +164,11 @@ def plan_build(candidate: Candidate, device: str, policy: str) -> BuildPlan:
     return plan
 
 
-def build_spec(builder: Builder, spec: BuildSpec, *, policy: str, device: str) -> SpecBuild:
+def build_spec(builder: Builder, spec: BuildSpec, *, policy: str, device: str,
+               vendor: frozenset[str] | None = None) -> SpecBuild:
     """The judge's build step for one spec: the build (sandboxed, cached) and the check of the
-    library's imports against the policy. A candidate's fault is in the result, never raised."""
+    library's imports against the policy (`vendor`: the task's vendor-library allowance, None when no
+    task is known). A candidate's fault is in the result, never raised."""
     key = spec.key(builder.fingerprint)
     try:
         result = builder.build(spec)
@@ -178,7 +180,7 @@ def build_spec(builder: Builder, spec: BuildSpec, *, policy: str, device: str) -
     if symbols is None:
         built.note = "nm not found: the compiled extension's imports were not checked"
         return built
-    built.violations = pol.check_binary(symbols, policy, device)
+    built.violations = pol.check_binary(symbols, policy, device, vendor=vendor)
     if built.violations:
         built.failure = Failure(category=FailureCategory.POLICY, message=built.violations[0])
     return built

@@ -34,6 +34,7 @@ from cuda_agent.candidate import Candidate
 from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
 
+from . import observer as obs
 from . import policy as pol
 from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBaselineStore
 from .build import Builder, BuildError, BuildSpec, build_arch
@@ -117,6 +118,7 @@ class _Session:
         # reference, the largest found on the checked calls (None: the fixed per-dtype bound).
         self.rel_l2_bounds: list | None = None
         self.reduced_isolation: list[str] = []  # what a judge that is not root cannot isolate
+        self.trusted = False  # the reference or a baseline: no candidate policy applies to what it runs
 
     @property
     def calls(self):
@@ -173,16 +175,33 @@ def _to_list(out) -> list:
     return [out]
 
 
-def _recorded_calls(roles: list[str], rng: random.Random, k: int = 2) -> set[int]:
-    """The calls whose dispatched ops and kernels are recorded: the first, and `k` drawn from all
-    the others, timed ones included (a candidate must not know which of its calls are watched).
-    A recorded call is not timed, so draws that would leave fewer than two timed calls are redrawn."""
-    n = len(roles)
-    timed = [i for i, role in enumerate(roles) if role == "timed"]
-    while True:
-        recorded = {0} | set(rng.sample(range(1, n), k=min(k, n - 1)))
-        if sum(i not in recorded for i in timed) >= min(2, len(timed)):
-            return recorded
+def _reference_ops(ref: "_Reference", device: str) -> set[str]:
+    """The ATen operators a task's reference runs, from one pass under a dispatch mode in the judge's
+    own process: on the meta device (no compute), else on `device` with the task's own inputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.name())
+            return func(*args, **(kwargs or {}))
+
+    for where in ("meta", device):
+        rec = _Ops()
+        try:
+            torch.manual_seed(0)
+            with torch.device(where):
+                model = ref.Model(*ref.get_init_inputs())
+                inputs = ref.get_inputs()
+            with rec, torch.no_grad():
+                model(*inputs)
+            return rec.names
+        except Exception:  # meta kernels missing or data-dependent code: try for real
+            continue
+    return set()
 
 
 class Judge:
@@ -223,6 +242,9 @@ class Judge:
         self._integrity = _package_files()
         self._references: dict[str, _Reference] = {}
         self._baselines: dict[str, _Baseline] = {}
+        self._observer: Path | None = None
+        self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
+        self._task_vendor: frozenset[str] = frozenset()
 
     # -------------------------------------------------------------------------------- public
     def check_reference(self, task: Task) -> Verdict:
@@ -244,7 +266,7 @@ class Judge:
                                   trusted=True)
             try:
                 roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
-                inside, _ = self._drive(session, ref, setup, roles, v, set(), deadline)
+                inside, _ = self._drive(session, ref, setup, roles, v, deadline)
             finally:
                 session.close()
             v.compiled = True
@@ -352,6 +374,7 @@ class Judge:
     def _evaluate(self, task: Task, cand: Candidate, v: Verdict, t0: float):
         cfg = self.config
         deadline = t0 + cfg.total_timeout_s
+        self._task_vendor = self._vendor_allowance(task)
         library = self._build_workspace(cand, v)
         if cand.kind != "workspace":
             v.compiled = True  # set back to False if a load_inline build fails
@@ -383,15 +406,14 @@ class Judge:
                                f"{', '.join(session.ready['unmatched'][:8])}")
             t_phase = time.monotonic()
             roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
-            recorded = _recorded_calls(roles, random.Random(secrets.randbits(64)))
-            inside, outside = self._drive(session, ref, setup, roles, v, recorded, deadline)
+            inside, outside = self._drive(session, ref, setup, roles, v, deadline)
             rec = self._reconcile(session, inside, outside, null)
             if rec.gross_lie:
                 # A loaded machine can stretch the judge's clock for a while; a candidate that lies
                 # about its time lies again. One more round of timed calls (fresh inputs, each
                 # output checked) decides, so a burst of load does not fail an honest candidate.
                 session.protocol_ms, session.methods = [], []
-                inside, outside = self._drive(session, ref, setup, ["timed"] * cfg.n_timed, v, set(), deadline,
+                inside, outside = self._drive(session, ref, setup, ["timed"] * cfg.n_timed, v, deadline,
                                               first_index=len(roles))
                 rec = self._reconcile(session, inside, outside, null)
             v.phase_s["calls"] = time.monotonic() - t_phase
@@ -481,6 +503,7 @@ class Judge:
                 shared.close()
             raise
         session = _Session(proc, chan, plane, shared)
+        session.trusted = trusted
         try:
             init_meta = pack(setup.init_args, plane.view, 0, plane.in_size)
             init_end = packed_end(init_meta)  # tensors nested in containers count too
@@ -491,6 +514,7 @@ class Judge:
                        "library": str(proc.spec.workdir / "cuda_extension.so") if library else None,
                        "init_args": init_meta, "state": state_meta, "state_names": setup.state_names,
                        "init_seed": setup.init_seed, "flush": cfg.flush_l2, "trusted": trusted,
+                       "observer": str(proc.spec.workdir / obs.FILE), "policy": cfg.policy,
                        "poison_bytes": setup.out_bytes if self.device == "cuda" else 0,
                        "gpu_plane": shared.handle.hex() if shared is not None else None,
                        "require": proc.required_isolation()})
@@ -516,7 +540,7 @@ class Judge:
         return session
 
     def _drive(self, session: "_Session", ref: _Reference, setup: "_Setup", roles: list[str],
-               v: Verdict | None, recorded: set[int], deadline: float,
+               v: Verdict | None, deadline: float,
                first_index: int = 0) -> tuple[list[float], list[float]]:
         """Run the calls. Every call: fresh inputs revealed only when its clock starts, the output
         compared here (when `v` is given), the inputs read back and checked for modification.
@@ -532,8 +556,8 @@ class Judge:
         idle_wall = idle_cpu = 0.0
         idle_mark: tuple[float, int] | None = None
         # Where the calls phase goes (reported as phase_s "calls:*"): the judge's own reference
-        # work, the candidate's side of each call, the judge's checks, and the recorded calls.
-        split = dict.fromkeys(("reference", "candidate", "check", "recorded"), 0.0)
+        # work, the candidate's side of each call and the judge's checks.
+        split = dict.fromkeys(("reference", "candidate", "check"), 0.0)
         for i, role in enumerate(roles, start=first_index):
             t_ref = time.perf_counter()
             seed = secrets.randbits(63)
@@ -566,23 +590,29 @@ class Judge:
             meta = pack(inputs, session.calls, 0, plane.in_size)
             if session.shared is not None:
                 torch.cuda.synchronize()  # the inputs are in place before the process hears of them
-            chan.send({"op": "call", "index": i, "inputs": meta, "record": judged and i in recorded})
+            chan.send({"op": "call", "index": i, "inputs": meta})
             reply = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
             split["candidate"] += t_reply - t_prepare
-            if judged and i in recorded:
-                split["recorded"] += t_reply - t_prepare
             if not reply.get("ok"):
                 self._raise_reported(reply, v)
+            if dev == "cuda":
+                # the kernels the call launched follow its reply, outside the call's clock (worker.py)
+                listed = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+                if not listed.get("ok"):
+                    self._raise_reported(listed, v)
+                if listed.get("op") != "kernels":
+                    raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not list its kernels")
+                reply["kernels"] = listed.get("kernels")
             claimed = _num(reply.get("inside_ms"))
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
-                self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, v, recorded,
-                                 deadline, expected64=expected64)
+                self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, v, deadline,
+                                 expected64=expected64)
                 split["check"] += time.perf_counter() - t_reply
-            if role == "timed" and not (judged and i in recorded) and claimed is not None:
+            if role == "timed" and claimed is not None:
                 inside.append(claimed)
                 outside.append(measured)
                 session.protocol_ms.append(protocol_ms)
@@ -605,8 +635,8 @@ class Judge:
         return inside, outside
 
     def _check_call(self, session: "_Session", i: int, role: str, inputs: list, meta: list, expected: list,
-                    reply: dict, claimed: float | None, measured: float, v: Verdict, recorded: set[int],
-                    deadline: float, expected64: list | None = None) -> None:
+                    reply: dict, claimed: float | None, measured: float, v: Verdict, deadline: float,
+                    expected64: list | None = None) -> None:
         cfg = self.config
         plane = session.plane
         # Tampering first: a changed global flag or a replaced function can also change the outputs
@@ -676,12 +706,12 @@ class Judge:
             except TransportError:
                 raise _Stop(FC.MISMATCH, f"call {i}: the candidate process did not return its inputs") from None
         self._check_echo(inputs, back, i)
-        if i in recorded:
-            found = pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
-            found += pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
-            if found:
-                v.policy_violations.extend(found)
-                raise _Stop(FC.POLICY, found[0])
+        # every call's operators and kernels, checked, warm-up and timed alike
+        found = [] if session.trusted else pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
+        found += [] if session.trusted else pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
+        if found:
+            v.policy_violations.extend(found)
+            raise _Stop(FC.POLICY, found[0])
 
     def _baseline(self, task: Task, ref: _Reference, mode: str) -> "_Baseline":
         """Times of a trusted implementation under the very protocol candidates get, with no
@@ -709,7 +739,7 @@ class Judge:
         try:
             roles = ["warmup"] * (cfg.n_warmup + (2 if mode not in ("eager", "null") else 0)) + ["timed"] * cfg.n_timed
             try:
-                inside, outside = self._drive(session, ref, setup, roles, None, set(), time.monotonic() + cfg.total_timeout_s)
+                inside, outside = self._drive(session, ref, setup, roles, None, time.monotonic() + cfg.total_timeout_s)
             except _Stop as stop:
                 raise JudgeError(f"task {task.name}: {mode} baseline failed: {stop.failure.message}") from None
         finally:
@@ -736,7 +766,8 @@ class Judge:
         return self._build(plan.specs[0], v) if cand.kind == "workspace" else None
 
     def _build(self, spec: BuildSpec, v: Verdict) -> Path:
-        built = build_spec(self.builder, spec, policy=self.config.policy, device=self.device)
+        built = build_spec(self.builder, spec, policy=self.config.policy, device=self.device,
+                           vendor=self._task_vendor)
         if built.library is None:
             v.compiled = False
             raise _Stop(built.failure.category, built.failure.message)
@@ -750,6 +781,14 @@ class Judge:
             raise _Stop(FC.POLICY, built.violations[0])
         v.build_cached = built.cached if v.build_cached is None else (v.build_cached and built.cached)
         return built.library
+
+    def _vendor_allowance(self, task: Task) -> frozenset[str]:
+        """cuBLAS GEMMs if the task's reference has a GEMM, cuDNN convolutions if it has a convolution;
+        learnt once per task."""
+        got = self._vendor.get(task.id)
+        if got is None:
+            got = self._vendor[task.id] = pol.vendor_allowance(_reference_ops(self._reference(task), self.device))
+        return got
 
     def _reference(self, task: Task) -> _Reference:
         ref = self._references.get(task.id)
@@ -786,6 +825,9 @@ class Judge:
             proc, sock = self._launch(zygote, plane)
             self._live.append(proc)
         workdir = proc.spec.workdir
+        # The judge's operator observer, loaded by the worker before anything of the task. Owned by
+        # the judge (not chowned): the candidate's uid cannot rewrite it.
+        shutil.copy2(self._observer_library(), workdir / obs.FILE)
         (workdir / "model_new.py").write_text(model_new)
         (workdir / "model.py").write_text(task.source)
         if library is not None:
@@ -796,6 +838,15 @@ class Judge:
                     os.chown(workdir / name, proc.uid, proc.uid)
         proc.reset_disk_baseline()
         return proc, Channel(sock)
+
+    def _observer_library(self) -> Path:
+        """observer.cpp built once per toolchain (the judge's own build, never a candidate's)."""
+        if self._observer is None:
+            try:
+                self._observer = self.builder.build(obs.spec()).library
+            except BuildError as exc:
+                raise JudgeError(f"the judge's operator observer does not build: {exc}") from None
+        return self._observer
 
     def _launch(self, zygote: Zygote | None = None, plane: DataPlane | None = None) -> tuple[Sandboxed, socket.socket]:
         """A worker process with nothing of a task yet. Forked from the zygote, it gets the data

@@ -4,9 +4,12 @@
    strict policy any PyTorch compute in `forward`.
 2. C++/CUDA source (tokens, comments and strings removed): escape hatches (dlopen, asm, threads,
    processes, files, timers, Python C-API) and, strictly, ATen/torch compute.
-3. What actually ran (reported by the sandboxed harness during randomly chosen checked calls):
-   dispatched ATen ops and, on CUDA, launched kernels. Source patterns can be obfuscated; the
-   dispatcher cannot be bypassed without tampering, which (1) and (2) refuse.
+3. What actually ran, reported on every call by the judge's observer (observer.py): the ATen
+   operators that entered the dispatcher and, on CUDA, the kernels launched. Source patterns can be
+   obfuscated; the few ways below the dispatcher's RecordFunction are sealed before candidate code
+   loads.
+4. What the compiled library imports (`check_binary`): an allow-list under the strict policy, and
+   vendor libraries only for the functions and tasks they serve (`vendor_allowance`).
 
 The strict policy is the CUDA Agent skill: `forward` may only create tensors, take views and call
 the candidate's own extension; cuBLAS (GEMM) and cuDNN (convolution) may be called from C++.
@@ -284,7 +287,7 @@ ALLOWED_ATEN_STRICT = {
     "lift_fresh", "split", "split_with_sizes", "chunk", "unbind", "view_as", "expand_as", "resize_",
     "set_", "_reshape_alias", "is_same_size", "sym_size", "sym_stride", "sym_numel", "size", "stride",
     "_local_scalar_dense", "record_stream", "is_nonzero", "movedim", "swapaxes", "lift", "result_type",
-    "scalar_tensor",
+    "scalar_tensor", "resolve_conj", "resolve_neg",
 }
 _FORBIDDEN_KERNEL = re.compile(r"at::native|at_cuda_detail|\bat::|triton_|elementwise_kernel|reduce_kernel"
                                r"|vectorized_|unrolled_elementwise|cunn_|softmax_warp|CatArrayBatched")
@@ -326,6 +329,9 @@ _DENY_ALWAYS = [
                 r"tmpfile(64)?|mkstemps?(64)?|mkostemps?(64)?|mkdtemp|tmpnam(_r)?|tempnam|"
                 r"fstat(at)?|stat|lstat|statx|dup[23]?|fcntl|ioctl|sendfile(64)?|splice|memfd_create)$"),
      "file or descriptor access"),
+    (re.compile(r"^std::(thread::|jthread::|__future_base::|async\b|filesystem::|__cxx11::basic_filebuf|basic_filebuf|"
+                r"__cxx11::basic_[io]?fstream|basic_[io]?fstream|experimental::filesystem)"),
+     "threads or files through the C++ library"),
     (re.compile(r"^(socket|socketpair|connect|bind|listen|accept4?|sendto|sendmsg|getaddrinfo|gethostbyname)$"),
      "network access"),
     (re.compile(r"^(kill|killpg|tgkill|tkill|sigqueue)$"), "signalling other processes"),
@@ -358,16 +364,136 @@ def _op_allowed(op: str) -> bool:
     return any(op == base or op.startswith(base + "_") for base in ALLOWED_ATEN_STRICT)
 
 
-def check_binary(symbols: list[str], policy: str, device: str) -> list[str]:
-    """Violations in a compiled library's import table."""
+# What a binding may import under the strict policy: anything else is refused, however it is named.
+# Grouped by why an honest binding needs it. Demangled names; for functions, the part before "(".
+_ALLOW_STRICT = [re.compile(p) for p in (
+    # C and C++ runtime: memory, strings for messages, exceptions, static initialisation
+    r"^operator (new|delete)(\[\])?$", r"^std::", r"^__gnu_cxx::", r"^__cxa_\w+$", r"^__gxx_personality_v0$",
+    r"^_Unwind_\w+$", r"^__stack_chk_fail$", r"^__dso_handle$", r"^__tls_get_addr$", r"^_GLOBAL_OFFSET_TABLE_$",
+    r"^__assert_fail$", r"^abort$", r"^atexit$", r"^exit$", r"^__dynamic_cast$", r"^__libc_single_threaded$", r"^__cpu_model$",
+    r"^__cpu_indicator_init$", r"^__errno_location$",
+    r"^(VTT|vtable|typeinfo|typeinfo name|construction vtable) for (std::|__cxxabiv1::|__gnu_cxx::|pybind11::|"
+    r"c10::(\w*Error|Warning|SymNodeImpl|intrusive_ptr_target|TensorImpl|StorageImpl|UndefinedTensorImpl)\b|"
+    r"at::TensorBase\b|at::Tensor\b|torch::autograd::AutogradMeta\b)",
+    r"^typeinfo( name)? for [a-z ]+( const)?\**$",  # builtin types (thrown or caught by value)
+    # stdio on the streams a process starts with (opening files is refused above)
+    r"^(printf|fprintf|vfprintf|fputc|fputs|puts|putchar|fflush|fwrite|__(v?f?printf)_chk|stderr|stdout)$",
+    # locks and once-flags of libstdc++'s own inline code (creating threads is refused above)
+    r"^pthread_(mutex_(lock|unlock|trylock|init|destroy)|once|getspecific|setspecific|key_create|key_delete|"
+    r"self|equal|cond_\w+|rwlock_\w+)$",
+    r"^(memcpy|memmove|memset|memcmp|memchr|strlen|strcmp|strncmp|strcpy|strncpy|strchr|strrchr|strstr|strdup|"
+    r"malloc|free|calloc|realloc|posix_memalign|aligned_alloc|snprintf|vsnprintf|sprintf|strtol|strtoll|"
+    r"strtoul|strtod|strtof|qsort|bsearch|abs|labs|llabs)$",
+    r"^__(memcpy|memmove|memset|snprintf|vsnprintf|sprintf|strcpy|strncpy|strcat)_chk$",
+    # libm (and its vectorised and "finite" variants)
+    r"^(__)?(sin|cos|tan|asin|acos|atan|atan2|sinh|cosh|tanh|asinh|acosh|atanh|exp|exp2|exp10|expm1|log|log2|"
+    r"log10|log1p|pow|sqrt|cbrt|hypot|erf|erfc|erfinv|lgamma|tgamma|floor|ceil|round|lround|llround|trunc|"
+    r"rint|lrint|llrint|nearbyint|fmod|remainder|fmin|fmax|fabs|fdim|fma|frexp|ldexp|modf|copysign|nextafter|"
+    r"sincos|scalbn|ilogb|logb|isnan|isinf|finite|fpclassify|signbit)(f|l)?(_finite)?$",
+    r"^_ZGV\w+$",
+    # OpenMP
+    r"^(GOMP|omp|__kmpc|kmp)_\w+$",
+    # pybind11 and the parts of the Python C-API its templates use (not running code: see _DENY_PY)
+    r"^pybind11::", r"^_?Py_?[A-Za-z]\w*$", r"^THP\w+$",
+    r"^torch::(PyWarningHandler|translate_exception_to_python|utils::|python::|autograd::utils::wrap|"
+    r"autograd::(Variable|make_variable)|detail::)", r"^torch::autograd::THPVariable\w*",
+    # tensors: accessors, options, creation (ATen calls are checked against the allowed operators),
+    # TORCH_CHECK machinery, scalar types, devices, allocators and streams
+    r"^at::TensorBase::", r"^at::Tensor::", r"^at::TensorOptions", r"^at::(get_num_threads|set_num_threads|"
+    r"in_parallel_region|get_thread_num|init_num_threads|internal::invoke_parallel|internal::lazy_init_num_threads|"
+    r"internal::GRAIN_SIZE)$", r"^at::detail::(empty_\w+|getCUDAHooks|check_size_nonnegative)$", r"^at::empty_(cpu|cuda)$",
+    r"^at::(cuda::)?(getCurrentCUDAStream|getStreamFromPool|getDefaultCUDAStream)$",
+    r"^c10::(detail::(torchCheck\w*|torchInternalAssertFail|check\w*|_str\w*|StringUtil\w*|maybe_wrap_dim\w*)|"
+    r"Error|Error::|SymbolicShapeMeta::|impl::getGlobalPyInterpreter|throwNullDataPtrError|warnDeprecatedDataPtr|"
+    r"IndexError|ValueError|TypeError|NotImplementedError|OutOfMemoryError|LinAlgError|Warning|Warning::|"
+    r"WarningHandler|ThreadLocalWarningHandler|warn|WarningUtils|SymInt::|SymBool::|SymFloat::|SymNode|Scalar::|"
+    r"IValue::|ivalue::|intrusive_ptr|TensorImpl::|StorageImpl::|UndefinedTensorImpl::|Storage::|DataPtr|"
+    r"Device::|DeviceTypeName|toString|typeMetaToScalarType|TypeMeta|ScalarType|get_backtrace|impl::cow::|"
+    r"impl::SizesAndStrides|GetCPUAllocator|GetAllocator|Allocator::|fromIntArrayRefSlow|SmallVectorBase|"
+    r"memoryFormat|Layout|str|BFloat16|Half|Float8_\w+|complex|impl::ExcludeDispatchKeyGuard|"
+    r"impl::IncludeDispatchKeyGuard|AutogradMetaInterface|AutogradMetaFactory|impl::GetAutogradMetaFactory|"
+    r"VariableVersion|GradMode::is_enabled|InferenceMode::is_enabled|AutoGradMode|"
+    r"cuda::(getCurrentCUDAStream|getStreamFromPool|getDefaultCUDAStream|CUDAStream|c10_cuda_check_implementation|"
+    r"device_count|current_device|set_device|ExchangeDevice|MaybeExchangeDevice|GetDevice|SetDevice|"
+    r"CUDACachingAllocator::(get|raw_alloc|raw_delete|raw_alloc_with_stream|allocator)|warning_caching_allocator|"
+    r"getCurrentCUDABlasHandle|impl::))",
+    r"^caffe2::(TypeMeta|detail::_typeMetaData|detail::TypeMetaData)",
+    # CUDA runtime: launches, memory, streams, device queries, errors (events and IPC are denied above)
+    r"^__cuda\w+$", r"^__nv\w+$", r"^__fatbinwrap\w*$",
+    r"^cuda(LaunchKernel|LaunchKernelExC?|LaunchCooperativeKernel|GetLastError|PeekAtLastError|GetErrorString|"
+    r"GetErrorName|Malloc|Free|MallocAsync|FreeAsync|MallocHost|FreeHost|HostAlloc|Memcpy\w*|Memset\w*|"
+    r"StreamCreate\w*|StreamDestroy|StreamSynchronize|StreamQuery|StreamWaitEvent|StreamGetPriority|"
+    r"DeviceGetStreamPriorityRange|DeviceSynchronize|GetDevice|SetDevice|GetDeviceCount|GetDeviceProperties\w*|"
+    r"DeviceGetAttribute|FuncSetAttribute|FuncGetAttributes|FuncSetCacheConfig|FuncSetSharedMemConfig|"
+    r"Occupancy\w+|PointerGetAttributes|GetSymbolAddress|GetSymbolSize|GetFuncBySymbol|MemGetInfo|"
+    r"DriverGetVersion|RuntimeGetVersion|DeviceGetLimit)(_v2|_ptsz|_ptds)?$",
+)]
+# The Python C-API that runs code, imports modules or reaches frames: never in a binding.
+_DENY_PY = re.compile(r"^(PyRun_\w+|PyImport_\w+|PyEval_(Eval\w*|GetFrame|GetGlobals|GetLocals|GetBuiltins|SetTrace|"
+                      r"SetProfile|CallObject\w*)|Py_CompileString\w*|PyFrame_\w+|PySys_\w+|PyObject_(Call\w*|"
+                      r"SetAttr\w*|GenericSetAttr|VectorcallMethod)|PyCFunction_Call|PyMarshal_\w+|PyCode_\w+)$")
+# pybind11 itself calls these for every binding (a function call into a bound method, setting the
+# module's attributes), so they are allowed; what they reach is only what the binding defines.
+_PY_PYBIND = re.compile(r"^(PyObject_SetAttrString|PyObject_SetAttr|PyObject_Call|PyObject_CallObject|"
+                        r"PyObject_CallFunctionObjArgs|PyObject_Vectorcall|PyObject_CallNoArgs|PyImport_AddModule|"
+                        r"PyImport_ImportModule|PyEval_GetBuiltins|PyEval_SaveThread|PyEval_RestoreThread|"
+                        r"PyEval_InitThreads|PyEval_AcquireThread|PyEval_ReleaseThread|PyEval_GetFrame|"
+                        r"PyFrame_GetCode|PyFrame_GetBack|PyFrame_GetLineNumber|PySys_GetObject|PyCode_Addr2Line)$")
+
+# Vendor libraries, per function and per task: cuBLAS/cuBLASLt GEMMs where the reference has a GEMM,
+# cuDNN convolutions where it has a convolution (see `vendor_allowance`).
+_CUBLAS_GEMM = re.compile(r"^(cublas(Create|Destroy|SetStream|GetStream|SetMathMode|GetMathMode|SetWorkspace|"
+                          r"SetPointerMode|GetPointerMode|GetStatusString|GetStatusName|GetVersion|"
+                          r"[SDHCZ]gemm\w*|Gemm\w*|SgemmEx|gemm\w*)(_v2|_64|_v2_64)?|cublasLt(Create|Destroy|"
+                          r"Matmul\w*|GetStatusString|GetStatusName|GetVersion|Heuristic\w*))$")
+_CUDNN_CONV = re.compile(r"^cudnn(Create|Destroy|SetStream|GetStream|GetErrorString|GetVersion|"
+                         r"(Create|Destroy|Set|Get)(Tensor|TensorNd|Filter|FilterNd|Convolution|ConvolutionNd|"
+                         r"Convolution2d)\w*Descriptor\w*|Set(Tensor|Filter|Convolution)\w+|Get(Tensor|Filter)\w+|"
+                         r"Convolution\w+|FindConvolution\w+|GetConvolution\w+|AddTensor)$")
+GEMM_OPS = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "einsum", "addmv", "mv", "dot",
+            "vdot", "tensordot", "bilinear", "_trilinear", "chain_matmul", "linalg_multi_dot", "_addmm_activation",
+            "_scaled_mm", "addr", "inner", "outer", "ger", "scaled_dot_product_attention", "_fused_sdp_choice",
+            "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", "lstm", "gru",
+            "rnn_tanh", "rnn_relu", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell"}
+CONV_OPS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+            "conv_transpose3d", "cudnn_convolution", "cudnn_convolution_transpose", "mkldnn_convolution",
+            "conv_tbc", "_conv_depthwise2d", "slow_conv2d_forward", "slow_conv3d_forward", "thnn_conv2d",
+            "slow_conv_transpose2d", "slow_conv_transpose3d", "_slow_conv2d_forward", "conv_depthwise3d",
+            "_nnpack_spatial_convolution", "miopen_convolution"}
+
+
+def _allowed(plain: str) -> bool:
+    # a template function's demangled name starts with its return type ("float* at::TensorBase::data_ptr<float>")
+    core = plain.rsplit(" ", 1)[-1] if " " in plain.split("<")[0] and not plain.startswith("operator ") else plain
+    return any(p.search(name) for p in _ALLOW_STRICT for name in {plain, core}) or bool(_ATEN_CUDA_OK.match(plain))
+
+
+def vendor_allowance(reference_ops) -> frozenset[str]:
+    """The vendor libraries a task's candidates may call, from the ATen operators its reference runs:
+    "gemm" (cuBLAS/cuBLASLt GEMMs) and "conv" (cuDNN convolutions)."""
+    names = {str(op).split(".")[0].removeprefix("aten::") for op in reference_ops}
+    allowed = set()
+    if names & GEMM_OPS:
+        allowed.add("gemm")
+    if names & CONV_OPS:
+        allowed.add("conv")
+    return frozenset(allowed)
+
+
+def check_binary(symbols: list[str], policy: str, device: str,
+                 vendor: frozenset[str] | None = None) -> list[str]:
+    """Violations in a compiled library's import table. `vendor`: the task's vendor allowance
+    (`vendor_allowance`); None when no task is known (a build tool), which allows both."""
     out: list[str] = []
+    vendor = frozenset({"gemm", "conv"}) if vendor is None else vendor
 
     def add(sym: str, what: str) -> None:
         if len(out) < 12:
             out.append(f"the compiled extension imports '{sym[:120]}' ({what})")
 
     for sym in symbols:
-        plain = sym.split("(")[0]
+        plain = sym.split("(")[0].strip()
         for pattern, what in _DENY_ALWAYS:
             if pattern.search(plain):
                 add(sym, what)
@@ -389,4 +515,19 @@ def check_binary(symbols: list[str], policy: str, device: str) -> list[str]:
                 add(sym, "a vendor BLAS/DNN library; strict policy allows cuBLAS and cuDNN on CUDA only")
             elif _CUDA_LIBS_OTHER.match(plain) or (device != "cuda" and _CUDA_LIBS_OK.match(plain)):
                 add(sym, "a library outside the policy (cuBLAS for GEMM and cuDNN for convolution only)")
+            elif plain.startswith("cublas"):
+                if not ("gemm" in vendor and _CUBLAS_GEMM.match(plain)):
+                    add(sym, "cuBLAS is allowed for GEMMs only, in tasks whose reference has a GEMM"
+                             + ("" if "gemm" in vendor else " (this one has none)"))
+            elif plain.startswith("cudnn"):
+                if not ("conv" in vendor and _CUDNN_CONV.match(plain)):
+                    add(sym, "cuDNN is allowed for convolutions only, in tasks whose reference has a convolution"
+                             + ("" if "conv" in vendor else " (this one has none)"))
+            elif m:
+                pass  # an allowed operator (creation, views)
+            elif _DENY_PY.match(plain) and not _PY_PYBIND.match(plain):
+                add(sym, "the Python C-API running code; strict policy")
+            elif not _allowed(plain):
+                add(sym, "not among what a binding may import: tensor accessors, TORCH_CHECK, allocation and "
+                         "streams, pybind11, libc/libm/libstdc++, OpenMP, the CUDA runtime; strict policy")
     return out

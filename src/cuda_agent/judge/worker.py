@@ -3,7 +3,7 @@
 It loads the candidate, answers the judge's requests and reports what it saw. The judge treats
 every report as a claim: outputs are checked against references that never exist in this
 process, and times are believed only when the judge's own clock agrees. The audit hook and the
-recording of dispatched ops make honest mistakes and lazy hacks fail loudly; a determined
+observer of dispatched ops (observer.py) make honest mistakes and lazy hacks fail loudly; a determined
 attacker who defeats them still faces the out-of-process checks.
 """
 
@@ -43,6 +43,27 @@ class _Blocked(PermissionError):
     pass
 
 
+# Native libraries the worker itself loaded for the judge (the observer, the libraries the judge
+# built and placed in the workspace). Candidate code may import these again; any other native
+# module must come from the Python/torch installation, never from a folder the candidate can write.
+_JUDGE_LIBRARIES: set[str] = set()
+
+
+def _native_allowed(filename: str, workdir_root: str) -> bool:
+    real = os.path.realpath(filename)
+    if real in _JUDGE_LIBRARIES:
+        return True
+    if real == workdir_root or real.startswith(workdir_root + os.sep):
+        return False
+    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    roots |= _INSTALL_PATHS
+    return any(real.startswith(r + os.sep) for r in roots)
+
+
+# Import paths of the installation (user site, PYTHONPATH), taken before candidate code runs.
+_INSTALL_PATHS: set[str] = set()
+
+
 def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
     deny = {
         "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
@@ -56,6 +77,8 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
     path_events = {"os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
                    "os.symlink", "os.link", "shutil.rmtree", "shutil.move", "os.mkdir", "os.utime"}
     root = os.path.realpath(workdir)
+    _INSTALL_PATHS.update(os.path.realpath(p) for p in sys.path if os.path.isabs(p) and os.path.isdir(p)
+                          and not (os.path.realpath(p) + os.sep).startswith(root + os.sep))
 
     def inside(path) -> bool:
         if isinstance(path, int):
@@ -70,6 +93,11 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
         if event in deny:
             blocked.append(event)
             raise _Blocked(f"{event} is not allowed in the judge's sandbox")
+        if event == "import" and len(args) > 1 and isinstance(args[1], str) \
+                and not args[1].endswith((".py", ".pyc")) and not _native_allowed(args[1], root):
+            # an extension module (native code) the judge did not build or install
+            blocked.append(f"native module {args[1]!r}")
+            raise _Blocked(f"loading native code from {args[1]!r} is not allowed (only what the judge built)")
         if event == "open":
             path, mode = args[0], args[1] if len(args) > 1 else "r"
             writing = isinstance(mode, str) and any(c in mode for c in "wax+")
@@ -192,10 +220,9 @@ def _warm_profiler(torch) -> None:
 def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE; lazy imports must not write
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from cuda_agent.host import is_out_of_memory, true_fp32
 
+    from . import observer as obs
     from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
     from .tensorio import pack, unpack
     from .timing import CacheFlusher, CallTimer
@@ -222,15 +249,6 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     workdir = os.getcwd()
     blocked: list[str] = []
 
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func.name())
-            return func(*args, **(kwargs or {}))
-
     def reply_error(category: ErrorCategory, message: str) -> None:
         chan.send({"ok": False, "category": category.value, "message": message, "blocked": blocked[:20]})
 
@@ -238,6 +256,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     import torch.utils.cpp_extension as cpp_extension
 
     def load_module(name: str, library: str):
+        _JUDGE_LIBRARIES.add(os.path.realpath(library))
         spec = importlib.util.spec_from_file_location(name, library)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -275,6 +294,17 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                     shared_error = f"{type(exc).__name__}: {exc}"
             if shared is None:
                 plane.pin()
+        # The operator observer and the sealing of what would compute below it, before any code of
+        # the task or the candidate is loaded (see observer.py). Trusted runs get them too: every
+        # process pays the same cost per call, which the judge's null baseline then includes.
+        observer = load_module(obs.MODULE, str(init["observer"]))
+        _JUDGE_LIBRARIES.discard(os.path.realpath(str(init["observer"])))  # not for the candidate to load
+        token = obs.new_token()
+        observer.install(token)
+        # not for trusted runs: torch.library's own custom ops redispatch
+        sealed = {} if init.get("trusted") else obs.seal(torch, blocked.append)
+        if not init.get("trusted") and init.get("policy", "strict") == "strict":
+            sealed.update(obs.bridge_numpy(torch, lambda: observer.mark(obs.NUMPY_MARK)))
         flusher = CacheFlusher(device, init.get("flush", True))
         timer = CallTimer(device)
         if init.get("reference_path"):
@@ -380,31 +410,25 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # Views of the judge's memory (the GPU region, or on the CPU the host plane), so any
             # write to them shows there; only CUDA over the host plane needs the echo.
             inputs = unpack(msg["inputs"], calls, 0, plane.in_size, device, share=device == "cpu")
-            record = bool(msg.get("record"))
-            ops: list[str] = []
-            kernels: list[str] = []
-            if record:
-                prof = None
-                if device == "cuda":
-                    from torch.profiler import ProfilerActivity, profile
+            # Every call is observed the same way: the operators it ran (observer.cpp) and, on
+            # CUDA, the kernels it launched (the profiler's CUDA activity).
+            prof = None
+            if device == "cuda":
+                from torch.profiler import ProfilerActivity, profile
 
-                    prof = profile(activities=[ProfilerActivity.CUDA])
-                    prof.__enter__()
-                recorder = Recorder()
-                with recorder, torch.no_grad():
-                    timer.start()
-                    out = model(*inputs)
-                    inside_ms = timer.stop()
-                ops = recorder.ops
-                if prof is not None:
-                    prof.__exit__(None, None, None)
-                    kernels = sorted({e.name for e in prof.events()
-                                      if str(getattr(e, "device_type", "")).endswith("CUDA")})
-            else:
-                with torch.no_grad():
-                    timer.start()
-                    out = model(*inputs)
-                    inside_ms = timer.stop()
+                prof = profile(activities=[ProfilerActivity.CUDA])
+                prof.__enter__()
+            observer.take(token)  # what the judge's own unpacking ran
+            with torch.no_grad():
+                timer.start()
+                out = model(*inputs)
+                inside_ms = timer.stop()
+            observer.sentinel()
+            ops = observer.take(token)
+            if prof is not None:
+                prof.__exit__(None, None, None)  # before the outputs are copied out: those kernels are the judge's
+            unobserved = [] if observer.SENTINEL in ops else ["the operator observer (its sentinel went unrecorded)"]
+            ops = [o for o in ops if o != observer.SENTINEL]
             structure = "tensor" if isinstance(out, torch.Tensor) else type(out).__name__
             outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else [out]
             meta = pack(outs, calls, plane.out_offset, plane.out_size)
@@ -413,9 +437,15 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             flags_after = _numeric_flags(torch)
             changed = sorted(k for k in flags_before if flags_before[k] != flags_after[k])
             tampered = sorted(k for k, fn in watched.items() if _resolve(k, torch) is not fn)
+            tampered += obs.changed(sealed) + unobserved
             chan.send({"ok": True, "inside_ms": inside_ms, "timing": timer.method, "structure": structure, "outputs": meta,
-                       "tampered": tampered, "ops": ops[:4096], "kernels": kernels[:512], "flags_changed": changed,
+                       "tampered": tampered, "ops": ops[:4096], "flags_changed": changed,
                        "blocked": blocked[:20]})
+            if prof is not None:
+                # Listing the profiler's events takes time that grows with the kernels launched: it
+                # is sent after the reply, once the judge's clock of the call has stopped.
+                kernels = sorted({e.name for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")})
+                chan.send({"ok": True, "op": "kernels", "kernels": kernels[:512]})
         except BaseException as exc:
             category = ErrorCategory.OOM if is_out_of_memory(exc) else ErrorCategory.RUNTIME
             reply_error(category, f"forward failed:\n{_trim_traceback(exc)}")
