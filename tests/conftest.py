@@ -27,6 +27,7 @@ SLOW_MODULES = frozenset({
     "test_check_reference.py",    # references checked in judge worker processes
     "test_synth_pipeline.py",     # synthesis runs (generate, filter, judge, export)
     "test_timing_remeasure.py",   # judges a built OpenMP candidate
+    "test_observer.py",           # builds the judge's operator observer and loads it
 })
 
 # Single slow tests in modules that are otherwise fast (module file name -> test function names).
