@@ -28,6 +28,8 @@ SLOW_MODULES = frozenset({
     "test_synth_pipeline.py",     # synthesis runs (generate, filter, judge, export)
     "test_timing_remeasure.py",   # judges a built OpenMP candidate
     "test_observer.py",           # builds the judge's operator observer and loads it
+    "test_sandbox.py",            # real sandboxed processes, judged candidates (the observer is built)
+    "test_tolerance.py",          # judged candidates and references (the observer is built)
 })
 
 # Single slow tests in modules that are otherwise fast (module file name -> test function names).
