@@ -590,7 +590,10 @@ class Judge:
             meta = pack(inputs, session.calls, 0, plane.in_size)
             if session.shared is not None:
                 torch.cuda.synchronize()  # the inputs are in place before the process hears of them
-            chan.send({"op": "call", "index": i, "inputs": meta})
+            # The kernels a call launches are listed on the checked calls: CUDA's activity tracing adds
+            # ~20 us of GPU time per kernel on an H200, which would be timed with the kernel. The
+            # operators it runs are observed on every call (observer.cpp), at no such cost.
+            chan.send({"op": "call", "index": i, "inputs": meta, "kernels": role == "check"})
             reply = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
@@ -598,7 +601,7 @@ class Judge:
             split["candidate"] += t_reply - t_prepare
             if not reply.get("ok"):
                 self._raise_reported(reply, v)
-            if dev == "cuda":
+            if dev == "cuda" and role == "check":
                 # the kernels the call launched follow its reply, outside the call's clock (worker.py)
                 listed = self._recv(chan, proc, min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
                 if not listed.get("ok"):
@@ -706,7 +709,7 @@ class Judge:
             except TransportError:
                 raise _Stop(FC.MISMATCH, f"call {i}: the candidate process did not return its inputs") from None
         self._check_echo(inputs, back, i)
-        # every call's operators and kernels, checked, warm-up and timed alike
+        # every call's operators, checked, warm-up and timed alike; the kernels of the checked calls
         found = [] if session.trusted else pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
         found += [] if session.trusted else pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
         if found:

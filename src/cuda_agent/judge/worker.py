@@ -413,7 +413,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # Every call is observed the same way: the operators it ran (observer.cpp) and, on
             # CUDA, the kernels it launched (the profiler's CUDA activity).
             prof = None
-            if device == "cuda":
+            if device == "cuda" and msg.get("kernels", True):
                 from torch.profiler import ProfilerActivity, profile
 
                 prof = profile(activities=[ProfilerActivity.CUDA])
