@@ -21,8 +21,6 @@ from 10 us, within 2% from 1 ms, loaded as alone.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import multiprocessing
 import os
@@ -35,6 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fidelity import parse_ncu_csv  # noqa: E402  (the benchmarks' one reader of ncu's CSV)
 
 EW_CU = r"""
 #include <cuda_runtime.h>
@@ -242,23 +242,13 @@ def ncu_ms(lib: Path, ws: Path, task_file: Path, calls: int = 5) -> float | None
            "--cache-control", "all", "--clock-control", "none", sys.executable, str(runner), str(lib),
            str(ws / "model_new.py"), str(task_file), str(calls)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    return parse_ncu_csv(out.stdout, calls)
+    return ncu_ms_per_forward(out.stdout, calls)
 
 
-def parse_ncu_csv(text: str, calls: int) -> float | None:
-    """Sum the gpu__time_duration rows (ns, us or ms per the unit column) and divide by the calls."""
-    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    if not lines:
-        return None
-    total_ms = 0.0
-    scale = {"ns": 1e-6, "nsecond": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "s": 1e3,
-             "second": 1e3}
-    for row in csv.DictReader(io.StringIO("\n".join(lines))):
-        if row.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        value = float(str(row.get("Metric Value", "0")).replace(",", ""))
-        total_ms += value * scale.get(str(row.get("Metric Unit", "ns")).strip(), 1e-6)
-    return total_ms / calls
+def ncu_ms_per_forward(text: str, calls: int) -> float | None:
+    """Summed gpu__time_duration of every kernel in `ncu --csv` output, per forward (ms)."""
+    kernels = parse_ncu_csv(text)
+    return sum(k["ns"] for k in kernels) / calls / 1e6 if kernels else None
 
 
 def main() -> int:

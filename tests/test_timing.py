@@ -61,5 +61,5 @@ def test_ncu_csv_is_summed_per_forward():
         '"2","1234","python","127.0.0.1","scale_shift","1","7","(256, 1, 1)","(2112, 1, 1)","0","9.0",'
         '"Command line profiler metrics","gpu__time_duration.sum","nsecond","9600"',
     ])
-    assert abs(mod.parse_ncu_csv(text, calls=2) - (1.86051 + 1.86 + 0.0096) / 2) < 1e-9
-    assert mod.parse_ncu_csv("==ERROR== no kernels were profiled", calls=5) is None
+    assert abs(mod.ncu_ms_per_forward(text, calls=2) - (1.86051 + 1.86 + 0.0096) / 2) < 1e-9
+    assert mod.ncu_ms_per_forward("==ERROR== no kernels were profiled", calls=5) is None
