@@ -192,11 +192,6 @@ class CallTimer:
         busy_ms = idle_ms - self._reaction_ms
         return stream_ms if busy_ms - stream_ms <= self._SIDE_SLACK_MS + 0.05 * stream_ms else busy_ms
 
-    def abort(self) -> None:
-        """After a call that raised: let the device go."""
-        if self.gate is not None:
-            self.gate.release()
-
 
 class CacheFlusher:
     """Overwrites a buffer larger than the last-level cache so each call starts cold."""
