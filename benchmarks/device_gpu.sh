@@ -53,7 +53,9 @@ case "$stage" in
     # The CUDA fixtures and suite solutions are compiled first, many at once, into the cache the
     # test modules share (CUDA_AGENT_TEST_CACHE); the tests then judge them with few workers, since
     # the timing checks need the GPU mostly to themselves.
-    export CUDA_AGENT_TEST_CACHE=$PWD/.cache/test-cache-$$
+    # One folder for every call on the same machine, so a rerun (a warm machine keeps ignored
+    # files) finds the builds of the last one.
+    export CUDA_AGENT_TEST_CACHE=${CUDA_AGENT_TEST_CACHE:-$PWD/.cache/test-cache}
     t0=$(date +%s)
     timeout ${PREBUILD_TIMEOUT:-260} cuda-agent build tests/fixtures/cuda/honest tests/fixtures/cuda/hacks \
       tests/fixtures/cuda/faults $suite/solutions/cuda --device cuda -j ${PREBUILD_PARALLEL:-16} --jobs 1 \
@@ -61,10 +63,12 @@ case "$stage" in
     echo "prebuild: $(( $(date +%s) - t0 )) s: $(tail -1 "$out/prebuild.log")"
     par=""
     python3 -c "import xdist" 2>/dev/null && par="-n ${TIER_WORKERS:-3}"
-    timeout ${TIER_TIMEOUT:-300} python3 -m pytest -q -m gpu $par -p no:cacheprovider --durations=15 tests \
+    # -v: each test's outcome is on its own line as it ends, so a run cut by its time limit still
+    # says which tests failed.
+    timeout ${TIER_TIMEOUT:-300} python3 -m pytest -v -rfE -m gpu $par -p no:cacheprovider --durations=15 tests \
       > "$out/gpu_tier.log" 2>&1
     echo "tier rc=$? after $(( $(date +%s) - t0 )) s"
-    grep -E "passed|failed|^FAILED|^ERROR|s call " "$out/gpu_tier.log" | tail -60
+    grep -E "passed|failed|FAILED|ERROR|s call " "$out/gpu_tier.log" | cut -c1-300 | tail -60
     ;;
   timing)
     # The judge's runtimes beside Nsight Compute's, alone and with every other core busy.
