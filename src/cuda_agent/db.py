@@ -130,8 +130,8 @@ class RunInfo(BaseModel):
     info: dict = Field(default_factory=dict)
 
 
-class StoredVerdict(BaseModel):
-    """A verdict as stored, with the task facts the verdict itself does not carry."""
+class _StoredPair(BaseModel):
+    """The (task, candidate) pair a stored row is about, with the task facts a verdict does not carry."""
 
     run: str
     task_id: str
@@ -141,30 +141,26 @@ class StoredVerdict(BaseModel):
     level: int | None
     candidate_hash: str
     finished_at: float
-    verdict: Verdict
     solution: str = ""          # the candidate's origin when it was judged
+
+
+class StoredVerdict(_StoredPair):
+    """A verdict as stored."""
+
+    verdict: Verdict
 
     @property
     def correct(self) -> bool:
         return self.verdict.correct
 
 
-class StoredFailure(BaseModel):
+class StoredFailure(_StoredPair):
     """A (task, candidate) pair the judge could not judge: no verdict, the reason instead.
 
     `category`: `baseline` (the eager or torch.compile baseline of the reference failed),
     `reference` (the reference does not import, or its output is too large), `judge` (any other
     error of the judge) or `pool` (the pool broke or shut down before the pair was judged)."""
 
-    run: str
-    task_id: str
-    task_name: str
-    task_group: str
-    task_origin: str
-    level: int | None
-    candidate_hash: str
-    finished_at: float
-    solution: str = ""
     category: str
     message: str
 

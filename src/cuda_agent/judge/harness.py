@@ -120,6 +120,11 @@ class _Session:
         self.reduced_isolation: list[str] = []  # what a judge that is not root cannot isolate
         self.trusted = False  # the reference or a baseline: no candidate policy applies to what it runs
 
+    def timing_method(self) -> str:
+        """How most of the timed calls were timed, as the candidate process reported it."""
+        methods = self.methods
+        return max(set(methods), key=methods.count) if methods else "events"
+
     @property
     def calls(self):
         """The region per-call inputs and outputs go through: shared GPU memory, else the host plane."""
@@ -270,7 +275,7 @@ class Judge:
             finally:
                 session.close()
             v.compiled = True
-            v.eager = summarize(inside)
+            v.eager = summarize(inside, session.timing_method())
         except _Stop as stop:
             v.failure = stop.failure
         except SandboxError as exc:  # this host cannot isolate the process: not the task's fault
@@ -429,10 +434,8 @@ class Judge:
 
     def _reconcile(self, session: "_Session", inside: list[float], outside: list[float], null: "_Baseline"):
         rel_slack, abs_slack = self.config.slack()
-        methods = session.methods
-        source = max(set(methods), key=methods.count) if methods else "events"
         return reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
-                         cores=self._cores if self.device == "cpu" else 1, source=source,
+                         cores=self._cores if self.device == "cpu" else 1, source=session.timing_method(),
                          protocol_ms=session.protocol_ms, baseline_protocol_ms=null.protocol_ms)
 
     def _setup(self, task: Task, ref: _Reference, init_seed: int) -> "_Setup":
@@ -748,8 +751,7 @@ class Judge:
         finally:
             session.close()
         overhead = statistics.median(outside if mode == "null" else [max(o - i, 0.0) for i, o in zip(inside, outside)])
-        methods = session.methods
-        base = _Baseline(timing=summarize(inside, max(set(methods), key=methods.count) if methods else "events"),
+        base = _Baseline(timing=summarize(inside, session.timing_method()),
                          overhead_ms=overhead,
                          protocol_ms=statistics.median(session.protocol_ms) if session.protocol_ms else None)
         self._baselines[key] = base
