@@ -259,6 +259,16 @@ def test_strict_python_policy_refuses(snippet, needle):
     assert any(needle in v for v in found), found
 
 
+def test_strict_allows_importing_functional_but_not_computing_with_it():
+    # Most published solutions import torch.nn.functional; the import alone cannot tamper, so only
+    # compute through it in forward is refused under the strict policy.
+    src = "import torch.nn.functional as F\n" + GOOD_PY
+    assert policy.check_python(src, "strict") == []
+    used = src.replace("        y = torch.empty_like(x)\n", "        y = torch.empty_like(x)\n        x = F.relu(x)\n")
+    assert any("F.relu" in v for v in policy.check_python(used, "strict"))
+    assert policy.check_python(used, "lenient") == []
+
+
 def test_python_policy_refuses_try_and_subclass_even_when_lenient():
     src = "import torch.nn as nn\nclass ModelNew(Model):\n    def forward(self, x):\n        try:\n            pass\n        except Exception:\n            pass\n"
     found = policy.check_python(src, "lenient")

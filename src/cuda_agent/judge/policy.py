@@ -23,11 +23,16 @@ import re
 # ---------------------------------------------------------------------------------------------
 # Python
 
-ALLOWED_IMPORTS_STRICT = {"torch", "torch.nn", "torch.utils.cpp_extension", "math", "typing",
-                          "__future__", "cuda_extension", "dataclasses", "functools", "collections.abc",
-                          "torch.nn.init", "torch.nn.modules.utils", "torch.nn.parameter"}
-ALLOWED_IMPORTS_LENIENT = ALLOWED_IMPORTS_STRICT | {"torch.nn.functional", "model", "numpy", "einops",
-                                                    "operator", "itertools", "collections"}
+# Importing a module cannot tamper by itself: what the strict policy refuses is *compute* through
+# it in forward (the compute rule below, and the operator observer at run time), so
+# `import torch.nn.functional as F` (in most published solutions) and the pure-Python helpers are
+# allowed under both policies. Only modules that compute outside torch (NumPy) or reach the
+# reference (`model`) stay lenient-only.
+ALLOWED_IMPORTS_STRICT = {"torch", "torch.nn", "torch.nn.functional", "torch.utils.cpp_extension", "math",
+                          "typing", "__future__", "cuda_extension", "dataclasses", "functools",
+                          "collections.abc", "torch.nn.init", "torch.nn.modules.utils", "torch.nn.parameter",
+                          "operator", "itertools", "collections"}
+ALLOWED_IMPORTS_LENIENT = ALLOWED_IMPORTS_STRICT | {"model", "numpy", "einops"}
 # Builtins that run code the AST cannot see, reach the interpreter's namespaces or change objects
 # by a computed name. `getattr` is not among them: it is checked where it is called (a literal
 # name like any attribute; a computed one only on the candidate's own `self` under the strict
