@@ -205,7 +205,12 @@ class CallTimer:
 
 
 class CacheFlusher:
-    """Overwrites a buffer larger than the last-level cache so each call starts cold."""
+    """Leaves the last-level cache cold before each call.
+
+    On CUDA it *reads* a buffer twice the L2's size rather than writing it: a write leaves the
+    L2 full of dirty lines, which the timed call would then pay to write back to DRAM; a read
+    evicts what the last call left (its write-backs happen here, untimed) and leaves only clean
+    lines the call never touches, as Nsight Compute's flush-and-invalidate does."""
 
     def __init__(self, device: str, enabled: bool = True):
         self.enabled = enabled
@@ -214,15 +219,18 @@ class CacheFlusher:
             return
         if device == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
-            self.buf = torch.empty(int(l2) * 2 // 4, dtype=torch.float32, device="cuda")
+            self.buf = torch.ones(int(l2) * 2 // 4, dtype=torch.float32, device="cuda")
         else:
             self.buf = torch.empty((32 << 20) // 4, dtype=torch.float32)
 
     def flush(self) -> None:
-        if self.buf is not None:
+        if self.buf is None:
+            return
+        if self.buf.is_cuda:
+            self.buf.sum()
+            torch.cuda.synchronize()
+        else:
             self.buf.fill_(1.0)
-            if self.buf.is_cuda:
-                torch.cuda.synchronize()
 
 
 def summarize(times_ms: list[float], source: str = "events") -> Timing:
