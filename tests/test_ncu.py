@@ -64,6 +64,21 @@ def test_render_is_concise_and_names_what_to_do(report):
     assert "2 more kernels" in short and "row_sum_kernel" not in short
 
 
+def test_recorded_h200_report_parses_and_diagnoses():
+    """A report recorded on the lent H200 (ncu's own units: ns, inst, register/thread)."""
+    text = (FIXTURE.parent / "h200_torch_ops_recorded.csv").read_text()
+    launches = ncu.parse_ncu(text)
+    assert len(launches) == 4 and all(set(ncu.NCU_METRICS) <= set(k.metrics) for k in launches)
+    by_kind = {s.kernel.split("<")[0].split("::")[-1].split("(")[0].strip(): s for s in ncu.summarize(launches)}
+    gemm = next(s for s in by_kind.values() if "gemm" in s.kernel)
+    assert gemm.duration_us == pytest.approx(3484.288) and gemm.registers == 254
+    assert gemm.diagnosis.startswith("compute-bound")
+    reduce_ = next(s for s in by_kind.values() if "reduce_kernel" in s.kernel)
+    assert reduce_.diagnosis.startswith("memory-bound")
+    tiny = next(s for s in by_kind.values() if "elementwise" in s.kernel)
+    assert tiny.diagnosis.startswith("launch-bound")
+
+
 def test_problems_are_recognised():
     assert "ERR_NVGPUCTRPERM" in ncu.ncu_problem("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission")
     assert ncu.ncu_problem("==WARNING== No kernels were profiled.\n") == "ncu saw no kernel launches in the profiled call"
@@ -118,7 +133,7 @@ def test_profile_tool_starts_ncu_with_the_candidate_confined(toolbox, tmp_path, 
     assert why == "" and text is not None
     assert "memory-bound" in text and "of 4800" in text
     argv = json.loads((bin_dir / "argv.json").read_text())
-    assert argv[:4] == ["--csv", "--print-units", "base", "--profile-from-start"]
+    assert argv[:6] == ["--csv", "--print-units", "base", "--profile-from-start", "off", "--clock-control"]
     assert argv[argv.index("--metrics") + 1] == ",".join(ncu.NCU_METRICS)
     tail = argv[argv.index("cuda_agent.agent.profile_run"):]
     assert {"--ncu", "--confine", "--candidate"} <= set(tail)

@@ -199,3 +199,14 @@ def test_sol_command_lists_the_suite_on_a_named_gpu(tmp_path):
     assert gemm["bound"] == "compute" and gemm["work"]["matmul_flops"]["fp32"] > 0
     bad = CliRunner().invoke(app, ["sol", "suite", "--gpu", "V100"])
     assert bad.exit_code == 2 and "known" in bad.output
+
+
+def test_synthesis_export_carries_the_work_and_an_h200_bound():
+    from cuda_agent.synth.export import SCHEMA, _work
+
+    work, sol_ms = _work(GEMM)
+    assert TaskWork.model_validate_json(work).matmul_flops == {"fp32": 2 * 512 * 256 * 1024}
+    assert sol_ms == pytest.approx(speed_of_light(count_work(GEMM), H200).sol_ms)
+    assert _work("import torch\nclass Model: pass\ndef get_inputs(): raise ValueError\n"
+                 "def get_init_inputs(): return []\n") == (None, None)
+    assert {"work", "sol_ms_h200"} <= set(SCHEMA.names)

@@ -520,7 +520,8 @@ class Toolbox:
         reference.write_text(self.task.source)
         log = self._home / "ncu.csv"
         log.unlink(missing_ok=True)
-        argv = [exe, "--csv", "--print-units", "base", "--profile-from-start", "off", "--metrics",
+        # --clock-control none: the GPU's own clocks, as the judge times it (ncu locks base clocks by default)
+        argv = [exe, "--csv", "--print-units", "base", "--profile-from-start", "off", "--clock-control", "none", "--metrics",
                 ",".join(ncu.NCU_METRICS), "--log-file", str(log), sys.executable, "-m",
                 "cuda_agent.agent.profile_run", "--reference", str(reference), "--device", "cuda", "--ncu",
                 *cand_args]

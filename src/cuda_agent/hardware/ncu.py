@@ -56,6 +56,7 @@ STALL_ADVICE = {
     "sleeping": "warps sleeping (nanosleep, cooperative waits)",
     "tex_throttle": "texture/L1 queue full",
     "misc": "miscellaneous stalls",
+    "gmma": "waiting on warpgroup MMA (wgmma) results",
 }
 NCU_METRICS: tuple[str, ...] = (DURATION, DRAM_PCT, DRAM_BYTES, MEM_PCT, SM_PCT, OCCUPANCY, THEORETICAL_OCCUPANCY,
                                 GRID, BLOCK, REGISTERS) + tuple(f"{STALL_PREFIX}{r}{STALL_SUFFIX}" for r in STALL_ADVICE)
