@@ -37,8 +37,6 @@ judged with other settings); 3 the judge could not run (no such device, the pool
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import os
@@ -696,42 +694,8 @@ def geomean(values: list[float]) -> float | None:
 # ---------------------------------------------------------------------------------------------
 # Nsight Compute
 
-_UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
-             "second": 1e9, "s": 1e9, "cycle": None}
-
-
-def _ncu_value(text: str) -> float | None:
-    text = text.strip().strip('"')
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", text):  # thousands separators (ncu's default print)
-        text = text.replace(",", "")
-    try:
-        x = float(text)
-    except ValueError:
-        return None
-    return x if math.isfinite(x) else None
-
-
-def parse_ncu_csv(text: str, metric: str = "gpu__time_duration.sum") -> list[dict]:
-    """Kernels and their `metric` in nanoseconds from `ncu --csv` output. Lines that are not the CSV
-    report (ncu's ==PROF== lines, the program's own output) are skipped; the report starts at the
-    header row naming "Metric Name" and "Metric Value". One dict per kernel launch:
-    {"id", "kernel", "ns"}; rows of other metrics are ignored."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines)
-                  if line.startswith('"') and '"Metric Name"' in line and '"Metric Value"' in line), None)
-    if start is None:
-        return []
-    body = [line for line in lines[start:] if line.startswith('"')]
-    kernels = []
-    for row in csv.DictReader(io.StringIO("\n".join(body))):
-        if row.get("Metric Name") != metric:
-            continue
-        value = _ncu_value(row.get("Metric Value") or "")
-        scale = _UNITS_NS.get((row.get("Metric Unit") or "nsecond").strip(), None)
-        if value is None or scale is None:
-            continue
-        kernels.append({"id": row.get("ID"), "kernel": row.get("Kernel Name") or "", "ns": value * scale})
-    return kernels
+# The CSV reader is the package's (`cuda_agent.hardware.ncu`), shared with the agent's profile tool.
+from cuda_agent.hardware.ncu import parse_ncu_csv  # noqa: E402
 
 
 def ncu_runner(argv: list[str]) -> int:

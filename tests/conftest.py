@@ -41,6 +41,7 @@ SLOW_TESTS = {
     "test_judge_units.py": {"test_spare_workers_are_kept_under_distinct_uids_and_used",
                             "test_a_worker_set_up_failure_is_the_judges_not_the_candidates"},
     "test_pool.py": {"test_real_judge_through_the_pool_keeps_baselines_in_the_database"},
+    "test_ncu.py": {"test_profile_tool_on_a_bundled_solution"},   # judges and profiles built solutions (GPU)
     "test_prebuild.py": {"test_a_prebuilt_candidate_is_a_cache_hit_for_the_judge",
                          "test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate",
                          "test_workspace_builds_link_one_shared_binding_object"},

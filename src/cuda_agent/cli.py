@@ -239,9 +239,11 @@ def runs_cmd(db: Annotated[Optional[Path], typer.Option("--db", help="results da
 
 from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)
 from cuda_agent.synth.cli import synth_cmd  # noqa: E402  (defined with the synth package)
+from cuda_agent.hardware.cli import sol_cmd  # noqa: E402  (speed-of-light per task)
 
 _register_agent(app)
 app.command("synth")(synth_cmd)
+app.command("sol")(sol_cmd)
 
 
 def main() -> None:  # pragma: no cover

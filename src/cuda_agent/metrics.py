@@ -25,6 +25,11 @@ Per level and overall, over the outcomes counted:
 
 A speed-up is baseline time / candidate time (median of the timed calls). When there is no
 torch.compile baseline (compile mode "none") the compile columns are None, not 0.
+
+Share of speed-of-light (`cuda_agent.hardware.sol`): sol_ms / runtime_ms, 1.0 at the hardware's
+limit. Per level, the geometric mean over the correct pairs whose task has a bound on the judging
+GPU (none on the CPU backend), for the candidates and for eager on the same tasks: failures do not
+enter, since a failed kernel has no runtime to place against the hardware.
 """
 
 from __future__ import annotations
@@ -54,13 +59,16 @@ class Outcome(BaseModel):
     has_compile_baseline: bool = False  # a torch.compile time existed for this task
     task: str | None = None             # the task (its id) the pair belongs to, for best-of; None: its own
     judge_error: bool = False           # the judge could not judge the pair (no verdict)
+    sol_share: float | None = None      # sol_ms / runtime_ms of a correct candidate, where there is a bound
+    eager_sol_share: float | None = None
 
     @classmethod
     def of(cls, verdict, level: int | None, task: str | None = None) -> "Outcome":
         """From a `Verdict` (duck-typed: keeps this module free of judge imports)."""
         return cls(level=level, correct=bool(verdict.correct), speedup_vs_eager=verdict.speedup_vs_eager,
                    speedup_vs_compile=verdict.speedup_vs_compile,
-                   has_compile_baseline=verdict.compile_ms is not None, task=task)
+                   has_compile_baseline=verdict.compile_ms is not None, task=task,
+                   sol_share=getattr(verdict, "sol_share", None), eager_sol_share=getattr(verdict, "eager_sol_share", None))
 
     @classmethod
     def missing(cls, level: int | None, task: str | None = None) -> "Outcome":
@@ -89,6 +97,10 @@ class Metrics(BaseModel):
     geomean_speedup_vs_eager_correct: float | None    # over correct tasks only
     geomean_speedup_vs_compile_correct: float | None
     fast_p: dict[str, float]                          # "fast_0", "fast_0.5", ... -> fraction
+    # geomean share of speed-of-light over correct pairs with a bound (n_sol of them), candidate and eager
+    n_sol: int = 0
+    geomean_sol_share: float | None = None
+    geomean_eager_sol_share: float | None = None
 
 
 class MetricsTable(BaseModel):
@@ -124,6 +136,7 @@ def metrics(outcomes: Sequence[Outcome], label: str = "overall") -> Metrics:
         return s if (o.correct and s is not None and s > 0) else FAILURE_SPEEDUP
 
     eager_ok = [o.speedup_vs_eager for o in correct if o.speedup_vs_eager]
+    with_sol = [o for o in correct if o.sol_share and o.eager_sol_share]
     compile_ok = [o.speedup_vs_compile for o in correct if o.speedup_vs_compile]
     return Metrics(
         label=label, n=n, n_correct=len(correct), n_judge_errors=sum(o.judge_error for o in outcomes),
@@ -137,6 +150,8 @@ def metrics(outcomes: Sequence[Outcome], label: str = "overall") -> Metrics:
         geomean_speedup_vs_compile_correct=geomean(compile_ok) if with_compile else None,
         fast_p={fast_p_key(p): rate(sum(o.correct and (o.speedup_vs_eager or 0) > p for o in outcomes))
                 for p in FAST_P},
+        n_sol=len(with_sol), geomean_sol_share=geomean(o.sol_share for o in with_sol),
+        geomean_eager_sol_share=geomean(o.eager_sol_share for o in with_sol),
     )
 
 

@@ -33,15 +33,35 @@ def print_verdict(v: Verdict) -> None:
         console.print(f"  runtime {fmt_ms(v.runtime_ms)} ms (p10 {v.runtime.p10_ms:.3f}, p90 {v.runtime.p90_ms:.3f}, "
                       f"{v.runtime.source}), eager {fmt_ms(v.eager_ms)} ms, torch.compile {fmt_ms(v.compile_ms)} ms")
         console.print(f"  speed-up {fmt_x(v.speedup_vs_eager)} vs eager, {fmt_x(v.speedup_vs_compile)} vs torch.compile")
+    if v.speed_of_light is not None:
+        console.print(f"  {sol_line(v)}")
     for w in v.task_warnings + v.notes:
         console.print(f"  [yellow]note[/yellow]: {w}")
     build = "-" if v.build_s is None else f"{v.build_s:.1f} s{' (cached)' if v.build_cached else ''}"
     console.print(f"  build {build}, judged in {v.judge_s or 0:.1f} s, {v.n_checked} outputs checked")
 
 
+def sol_line(v: Verdict) -> str:
+    """Where the runtimes stand against the hardware, in one line."""
+    sol = v.speed_of_light
+    work = sol.work
+    if sol.sol_ms is None:
+        return f"speed-of-light: none ({sol.reason})"
+    return (f"speed-of-light {sol.sol_ms:.4f} ms on {sol.gpu_model} ({sol.bound}-bound: "
+            f"{work.dram_bytes / 1e6:.1f} MB, {work.flops / 1e9:.2f} GFLOP): candidate at {fmt_pct(v.sol_share)}, "
+            f"eager {fmt_pct(v.eager_sol_share)}, torch.compile {fmt_pct(v.compile_sol_share)} of it")
+
+
 def fmt_pct(x: float | None) -> str:
     """A fraction as a percentage."""
     return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def fmt_sol_pair(m) -> str:
+    """A metrics row's geomean share of speed-of-light, candidate and (eager), or '-'."""
+    if not m.n_sol:
+        return "-"
+    return f"{fmt_pct(m.geomean_sol_share)} ({fmt_pct(m.geomean_eager_sol_share)})"
 
 
 def message_summary(message: str, width: int = 60) -> str:
@@ -65,19 +85,20 @@ def verdict_table(records: list, title: str) -> Table:
     level) and `StoredFailure`s (a pair the judge could not judge, shown with its category)."""
     table = Table(title=title)
     for col in ("task", "solution", "level", "compiled", "correct", "runtime ms", "eager ms", "compile ms",
-                "vs eager", "vs compile", "reward", "failure"):
-        table.add_column(col, justify="right" if "ms" in col or col.startswith("vs") else "left")
+                "vs eager", "vs compile", "of SOL", "reward", "failure"):
+        table.add_column(col, justify="right" if "ms" in col or col.startswith(("vs", "of ")) else "left")
     for rec in records:
         level = "" if rec.level is None else str(rec.level)
         solution = solution_label(getattr(rec, "solution", ""))
         v = getattr(rec, "verdict", None)
         if v is None:  # the judge could not judge this pair
-            table.add_row(rec.task_name, solution, level, "-", "[red]no[/red]", "-", "-", "-", "-", "-", "-",
+            table.add_row(rec.task_name, solution, level, "-", "[red]no[/red]", "-", "-", "-", "-", "-", "-", "-",
                           f"[red]not judged, {rec.category}[/red]: " + message_summary(rec.message))
             continue
         table.add_row(v.task_name, solution, level, "yes" if v.compiled else "no",
                       "[green]yes[/green]" if v.correct else "[red]no[/red]", fmt_ms(v.runtime_ms), fmt_ms(v.eager_ms),
-                      fmt_ms(v.compile_ms), fmt_x(v.speedup_vs_eager), fmt_x(v.speedup_vs_compile), f"{v.reward:g}",
+                      fmt_ms(v.compile_ms), fmt_x(v.speedup_vs_eager), fmt_x(v.speedup_vs_compile), fmt_pct(v.sol_share),
+                      f"{v.reward:g}",
                       (v.failure.category.value + ": " + message_summary(v.failure.message)) if v.failure else "")
     return table
 
@@ -88,7 +109,9 @@ def metrics_footnote(count_missing: bool, n_missing: int) -> str:
     counted = ("tasks without a solution count as failures" if count_missing
                else "tasks without a solution are not counted")
     return (f"{COUNTING_NOTE} Rates are over the pairs counted; {counted} ({n_missing} without one). {GEOMEAN_NOTE}; "
-            "'correct only' is the geomean over correct tasks alone. fast_p: correct and > p x eager.")
+            "'correct only' is the geomean over correct tasks alone. fast_p: correct and > p x eager. "
+            "of SOL: runtime as a share of the task's speed-of-light on the judging GPU (geomean over correct "
+            "pairs with a bound; eager on the same tasks in brackets).")
 
 
 def metrics_tables(table, *, count_missing: bool = False, n_missing: int = 0) -> list[Table]:
@@ -106,13 +129,14 @@ def metrics_tables(table, *, count_missing: bool = False, n_missing: int = 0) ->
                    caption=metrics_footnote(count_missing, n_missing) if i == len(sets) - 1 else None)
         for col in ("", "pairs" if i == 0 else "tasks", "pass rate", "not judged", "faster than eager",
                     "faster than compile", "geomean vs eager", "geomean vs compile", "vs eager (correct only)",
-                    "vs compile (correct only)"):
+                    "vs compile (correct only)", "of SOL (eager)"):
             t1.add_column(col, justify="left" if not col else "right")
         for m in rows:
             t1.add_row(m.label, str(m.n), fmt_pct(m.pass_rate), str(m.n_judge_errors), fmt_pct(m.faster_than_eager_rate),
                        fmt_pct(m.faster_than_compile_rate), fmt_x(m.geomean_speedup_vs_eager),
                        fmt_x(m.geomean_speedup_vs_compile), fmt_x(m.geomean_speedup_vs_eager_correct),
-                       fmt_x(m.geomean_speedup_vs_compile_correct), style="bold" if m.label == "overall" else None)
+                       fmt_x(m.geomean_speedup_vs_compile_correct), fmt_sol_pair(m),
+                       style="bold" if m.label == "overall" else None)
         fp = Table(title=f"KernelBench fast_p (correct and speed-up vs eager > p), {unit}")
         fp.add_column("")
         for p in FAST_P:
@@ -136,6 +160,9 @@ def summary_lines(table, judge_failures: dict[str, int] | None = None) -> list[s
         f"geomean speed-up (failures as 1.0x): {fmt_x(m.geomean_speedup_vs_eager)} vs eager, "
         f"{fmt_x(m.geomean_speedup_vs_compile)} vs torch.compile",
     ]
+    if m.n_sol:
+        lines.append(f"share of speed-of-light (geomean over {m.n_sol} correct pairs with a bound): "
+                     f"{fmt_pct(m.geomean_sol_share)} candidate, {fmt_pct(m.geomean_eager_sol_share)} eager")
     if table.best_of_overall is not None:
         b = table.best_of_overall
         lines.append(f"best candidate per task: pass rate {b.n_correct}/{b.n} ({100 * b.pass_rate:.1f}%), "

@@ -1,8 +1,9 @@
 """One self-contained HTML file per run (or per pair of runs), from the results database.
 
-Contents: the run's settings, CUDA Agent's Table 1 per level with KernelBench's fast_p, plots of
-the speed-up distribution and of fast_p over p (SVG made by matplotlib, embedded as data URIs), a
-row per (task, candidate) pair (verdict, times, speed-ups, reward, and the solution's source inline,
+Contents: the run's settings, CUDA Agent's Table 1 per level with KernelBench's fast_p and the share
+of speed-of-light, plots of the speed-up distribution, of fast_p over p and a roofline (SVG made by
+matplotlib, embedded as data URIs), a row per (task, candidate) pair (verdict, times, speed-ups,
+share of speed-of-light, reward, and the solution's source inline,
 collapsible; a pair the judge could not judge is a row with its category and message),
 and, for two runs, the metrics side by side, a per-task comparison and a scatter of speed-ups.
 Nothing is fetched when the file is opened: no scripts, fonts or images from elsewhere. The small
@@ -50,6 +51,17 @@ class TaskRow(BaseModel):
     candidate_hash: str
     origin: str
     sources: list[tuple[str, str]]   # (file name, text) of the solution
+    # speed-of-light on the judging GPU (None without a bound): its time, what bounds it, the task's
+    # least work, and the runtimes as shares of it
+    sol_ms: float | None = None
+    sol_bound: str | None = None
+    sol_gpu: str | None = None
+    sol_note: str | None = None
+    flops: float | None = None
+    dram_bytes: float | None = None
+    sol_share: float | None = None
+    eager_sol_share: float | None = None
+    compile_sol_share: float | None = None
 
 
 class RunView(BaseModel):
@@ -121,7 +133,12 @@ def _row(db: ResultsDB, sv: StoredVerdict | StoredFailure) -> TaskRow:
                        judge_s=None, message=sv.message, notes=[], candidate_hash=sv.candidate_hash, origin=origin,
                        sources=sources)
     v = sv.verdict
-    return TaskRow(task_id=sv.task_id, name=sv.task_name, level=sv.level,
+    sol = v.speed_of_light
+    sol_fields = {} if sol is None else dict(
+        sol_ms=sol.sol_ms, sol_bound=sol.bound, sol_gpu=sol.gpu_model, sol_note=sol.reason,
+        flops=float(sol.work.flops), dram_bytes=float(sol.work.dram_bytes), sol_share=v.sol_share,
+        eager_sol_share=v.eager_sol_share, compile_sol_share=v.compile_sol_share)
+    return TaskRow(**sol_fields,task_id=sv.task_id, name=sv.task_name, level=sv.level,
                    status="correct" if v.correct else (v.failure.category.value if v.failure else "incorrect"),
                    correct=v.correct, solution=solution_label(origin), runtime_ms=v.runtime_ms, eager_ms=v.eager_ms,
                    compile_ms=v.compile_ms, speedup_vs_eager=v.speedup_vs_eager,
@@ -213,6 +230,48 @@ def compare_scatter(a: RunView, b: RunView) -> str:
     return _svg_uri(fig)
 
 
+def roofline(views: list[RunView]) -> str | None:
+    """Arithmetic intensity (the task's least FLOPs per least DRAM byte) against the throughput a
+    run achieved on that least work, one point per task for the candidate (correct ones) and for
+    eager, under the judging GPU's roofs. None when no row has a bound (the CPU backend)."""
+    from cuda_agent.hardware.peaks import GPU_PEAKS
+    from cuda_agent.hardware.sol import matmul_rate, vector_rate
+
+    rows = [(view, r) for view in views for r in view.rows if r.sol_ms and r.flops and r.dram_bytes]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    intensities = [r.flops / r.dram_bytes for _, r in rows]
+    lo, hi = min(intensities + [0.1]) / 2, max(intensities + [100.0]) * 2
+    for model in sorted({r.sol_gpu for _, r in rows if r.sol_gpu}):
+        peaks = next(p for p in GPU_PEAKS if p.model == model)
+        bw = peaks.dram_gbs * 1e9
+        xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+        for rate, label, style in ((matmul_rate(peaks, "fp32"), "fp32 GEMM roof", "-"),
+                                   (vector_rate(peaks, "fp32"), "fp32 CUDA-core roof", ":")):
+            ax.plot(xs, [min(bw * x, rate) / 1e12 for x in xs], color="black", lw=1, ls=style,
+                    label=f"{model}: {label}")
+    markers = ["o", "s", "^", "D"]
+    for i, view in enumerate(views):
+        mine = [r for v, r in rows if v is view]
+        tag = f"{view.info.name}: " if len(views) > 1 else ""
+        for attr, label, color in (("runtime_ms", "candidate", f"C{2 * i}"), ("eager_ms", "eager", f"C{2 * i + 1}")):
+            pts = [(r.flops / r.dram_bytes, r.flops / (getattr(r, attr) * 1e-3) / 1e12) for r in mine
+                   if getattr(r, attr) and (r.correct or attr == "eager_ms")]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.scatter(xs, ys, s=22, marker=markers[i % len(markers)], color=color, label=tag + label,
+                           alpha=0.85, zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (least FLOPs / least DRAM bytes)")
+    ax.set_ylabel("achieved TFLOP/s on the least work")
+    ax.set_title("roofline (one point per task)")
+    ax.legend(fontsize=7)
+    return _svg_uri(fig)
+
+
 # ----------------------------------------------------------------------------------------- render
 def compare_rows(a: RunView, b: RunView) -> list[CompareRow]:
     """One row per (task name, solution name) found in either run."""
@@ -242,17 +301,20 @@ def render_report(db: ResultsDB, runs: list[str], *, count_missing: bool = False
     views = [load_run(db, r, count_missing=count_missing) for r in runs]
     env = jinja2.Environment(loader=jinja2.PackageLoader("cuda_agent", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
-    env.filters.update(ms=fmt_ms, x=fmt_x, pct=fmt_pct, s=_fmt_s,
+    env.filters.update(ms=fmt_ms, x=fmt_x, pct=fmt_pct, s=_fmt_s, g4=lambda x: "-" if x is None else f"{x:.4g}",
                        date=lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)))
     counted = ("tasks without a solution count as failures" if count_missing
                else "tasks without a solution are not counted")
     return env.get_template(TEMPLATE).render(
         views=views, compare=compare_rows(views[0], views[1]) if len(views) == 2 else None,
         plots={"hist": speedup_histogram(views), "fastp": fast_p_curve(views),
-               "scatter": compare_scatter(views[0], views[1]) if len(views) == 2 else None},
+               "scatter": compare_scatter(views[0], views[1]) if len(views) == 2 else None,
+               "roofline": roofline(views)},
         fast_p=[fast_p_key(p) for p in FAST_P], footnote=f"{COUNTING_NOTE} Rates are over the pairs counted; {counted}. "
         f"{GEOMEAN_NOTE}; 'correct only' is the geomean over correct tasks alone. fast_p: correct and "
-        "speed-up vs eager > p (KernelBench).",
+        "speed-up vs eager > p (KernelBench). of SOL: runtime as a share of the task's speed-of-light on the "
+        "judging GPU (its least DRAM traffic and FLOPs at the GPU's peaks), geomean over the correct pairs with "
+        "a bound; eager on the same pairs in brackets.",
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), db=str(db.path),
         settings={v.info.name: json.dumps(v.info.info.get("config", {}), indent=1) for v in views})
 

@@ -6,7 +6,18 @@ and the operators (and, on CUDA, kernels) that took the time. These numbers guid
 judge's own timing is what counts.
 
 A candidate is loaded outside the judge's sandbox, with the user's rights, like anything the
-agent runs through the shell tool: this process reads nothing the judge decides with.
+agent runs through the shell tool: this process reads nothing the judge decides with. With
+`--confine` it first shuts itself in, once torch, the GPU context and the reference are set up and
+before any of the candidate's code loads: no core files, bounded file size, no new privileges and
+the judge's seccomp filter (no new processes, no exec, no ptrace or cross-process memory access,
+no signals to other processes, local sockets only). That is how the `profile` tool runs a
+candidate under Nsight Compute: ncu is started by the tool (the judge's side) and the candidate
+runs confined inside the process ncu launched. Not applied there: the judge's uid drop, network and
+mount namespaces and audit hook.
+
+`--ncu` (run under `ncu --profile-from-start off`): one warm-up call, then one call between
+cudaProfilerStart and cudaProfilerStop with the L2 cache flushed before it, so ncu sees exactly the
+kernels of one forward from a cold cache, as the judge times it.
 """
 
 from __future__ import annotations
@@ -19,6 +30,20 @@ import sys
 import time
 
 from cuda_agent.host import true_fp32
+
+
+def confine() -> None:
+    """Shut this process in before the candidate's code loads (see the module docstring).
+    Exits with status 4 when the seccomp filter cannot be installed: the candidate must not run."""
+    import resource
+
+    from cuda_agent.judge.sandbox import install_seccomp
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
+    if not install_seccomp():
+        print("profile_run: the seccomp filter could not be installed; the candidate was not run", file=sys.stderr)
+        sys.exit(4)
 
 
 def _load(name: str, path: str):
@@ -55,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rows", type=int, default=15)
+    ap.add_argument("--ncu", action="store_true", help="profile one cold-cache call between profiler start/stop")
+    ap.add_argument("--confine", action="store_true", help="seccomp and limits before the candidate loads")
     args = ap.parse_args(argv)
 
     import torch
@@ -66,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = ref.Model(*init)
     label = "reference Model"
+    if dev.type == "cuda":
+        torch.empty(1, device=dev)  # the GPU context, before any confinement
+    if args.confine:
+        confine()
     if args.candidate:
         if args.library:
             _load("cuda_extension", args.library)
@@ -86,6 +117,23 @@ def main(argv: list[str] | None = None) -> int:
     def sync():
         if dev.type == "cuda":
             torch.cuda.synchronize()
+
+    if args.ncu:
+        if dev.type != "cuda":
+            print("profile_run: --ncu needs --device cuda", file=sys.stderr)
+            return 2
+        l2 = torch.cuda.get_device_properties(dev).L2_cache_size or (64 << 20)
+        flush = torch.empty(2 * l2 // 4, dtype=torch.float32, device=dev)
+        with torch.no_grad():
+            out = model(*inputs)  # first-call set-up stays out of the profile
+            flush.zero_()
+            sync()
+            torch.cuda.profiler.start()
+            out = model(*inputs)
+            sync()
+            torch.cuda.profiler.stop()
+        print(f"{label} profiled under Nsight Compute: one call, L2 flushed before it; outputs: {_describe(out)}")
+        return 0
 
     with torch.no_grad():
         out = model(*inputs)

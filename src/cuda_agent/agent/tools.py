@@ -38,7 +38,8 @@ from cuda_agent.candidate import Candidate, CandidateError
 from cuda_agent.judge import FailureCategory, Judge, JudgeConfig, JudgeError, Verdict
 from cuda_agent.judge.buildplan import BuildOutcome
 from cuda_agent.llm import ToolCall
-from cuda_agent.report import fmt_x
+from cuda_agent.hardware import ncu
+from cuda_agent.report import fmt_pct, fmt_x
 from cuda_agent.tasks import Task
 
 from .env import Reset, StepResult
@@ -154,6 +155,13 @@ def verdict_text(v: Verdict, focus: Literal["verify", "profile", "submit"]) -> s
             lines.append("torch.compile: not measured by this judge (compile_mode none)")
         else:
             lines.append(f"torch.compile ({v.compile_mode}) {_ms(v.compile_ms)}  -> speed-up {fmt_x(v.speedup_vs_compile)}")
+    sol = v.speed_of_light
+    if sol is not None and sol.sol_ms is not None:
+        w = sol.work
+        mine = f"your runtime is {fmt_pct(v.sol_share)} of it, " if v.correct and v.runtime is not None else ""
+        lines.append(f"speed-of-light {sol.sol_ms:.4f} ms on {sol.gpu_model} ({sol.bound}-bound: at least "
+                     f"{w.dram_bytes / 1e6:.1f} MB through DRAM, {w.flops / 1e9:.2f} GFLOP): {mine}"
+                     f"eager {fmt_pct(v.eager_sol_share)}")
     lines.append(f"reward {v.reward:g} ({v.reward_reason})")
     if focus != "verify":
         build = "-" if v.build_s is None else f"{v.build_s:.1f} s{' (cached)' if v.build_cached else ''}"
@@ -226,7 +234,9 @@ class Verify(_Args):
 
 class Profile(_Args):
     """Where the time goes. target=reference: the reference's operators and their times (start here).
-    target=candidate: the judge's timing of your ModelNew, with the time of each kernel where available."""
+    target=candidate: the judge's timing of your ModelNew against eager, torch.compile and the task's
+    speed-of-light, and on CUDA Nsight Compute's counters per kernel (duration, DRAM and SM throughput as
+    shares of peak, occupancy, top stall reasons, and whether it is memory-, compute-, latency- or launch-bound)."""
 
     target: Literal["candidate", "reference"] = Field("candidate", description="what to profile")
 
@@ -489,10 +499,44 @@ class Toolbox:
         if v.correct and self.gate.device == "cuda":
             report = self.gate.build(cand)
             if report.library is not None:
-                detail = self._profile_run(["--candidate", str(self.root / "model_new.py"),
-                                            "--library", str(report.library)])
-                text += "\n\nper-kernel profile (torch.profiler, warm cache):\n" + detail.text
+                cand_args = ["--candidate", str(self.root / "model_new.py"), "--library", str(report.library),
+                             "--confine"]
+                counters, why = self._ncu_run(cand_args, v)
+                if counters is not None:
+                    text += "\n\nper-kernel profile (Nsight Compute, one call, cold L2):\n" + counters
+                else:
+                    detail = self._profile_run(cand_args)
+                    text += (f"\n\nper-kernel profile (torch.profiler, warm cache, no counters; Nsight Compute "
+                             f"unavailable: {why}):\n" + detail.text)
         return Observation(text, ok=v.correct, verdict=v, candidate=cand)
+
+    def _ncu_run(self, cand_args: list[str], v: Verdict) -> tuple[str | None, str]:
+        """The candidate's kernels under Nsight Compute: (summary, "") or (None, why not). ncu is
+        started here, on the judge's side; the candidate runs confined in the process it launches."""
+        exe = shutil.which("ncu")
+        if exe is None:
+            return None, "ncu is not on PATH"
+        reference = self._home / "reference_model.py"
+        reference.write_text(self.task.source)
+        log = self._home / "ncu.csv"
+        log.unlink(missing_ok=True)
+        # --clock-control none: the GPU's own clocks, as the judge times it (ncu locks base clocks by default)
+        argv = [exe, "--csv", "--print-units", "base", "--profile-from-start", "off", "--clock-control", "none", "--metrics",
+                ",".join(ncu.NCU_METRICS), "--log-file", str(log), sys.executable, "-m",
+                "cuda_agent.agent.profile_run", "--reference", str(reference), "--device", "cuda", "--ncu",
+                *cand_args]
+        with self.gate.exclusive():
+            code, out, err = self.run_process(argv, self.config.profile_timeout_s)
+        report = log.read_text(errors="replace") if log.exists() else ""
+        problem = ncu.ncu_problem(report + "\n" + out + "\n" + err)
+        if code is None:
+            return None, f"ncu timed out after {self.config.profile_timeout_s:.0f} s"
+        if problem is not None:
+            return None, problem + (f"; exit code {code}: {_tail(err or out, 5)}" if code else "")
+        peaks = None
+        if v.speed_of_light is not None and v.speed_of_light.dram_gbs:
+            peaks = v.speed_of_light.dram_gbs
+        return ncu.render(ncu.summarize(ncu.parse_ncu(report)), peak_dram_gbs=peaks), ""
 
     def _profile_run(self, extra: list[str]) -> Observation:
         reference = self._home / "reference_model.py"

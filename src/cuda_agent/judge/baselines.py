@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from cuda_agent.hardware.sol import SpeedOfLight
+
 from .verdict import Timing
 
 
@@ -48,6 +50,9 @@ class Baseline(BaseModel):
     timing: Timing
     overhead_ms: float   # median outside-clock cost of a call beyond the work (null) or its claim
     protocol_ms: float | None = None  # median round trip of the untimed request before each call
+    # On the eager baseline (keyed by task and GPU model, as speed-of-light is): the task's least
+    # work and least time on this GPU model. None on other modes and in caches from before it.
+    speed_of_light: SpeedOfLight | None = None
 
 
 @runtime_checkable

@@ -37,6 +37,7 @@ from cuda_agent.tasks import Task
 from . import observer as obs
 from . import policy as pol
 from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBaselineStore
+from .sol import task_speed_of_light
 from .build import Builder, BuildError, BuildSpec, build_arch
 from .buildplan import BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request
 from .compare import compare_outputs, degenerate_warnings
@@ -389,6 +390,7 @@ class Judge:
         eager = self._baseline(task, ref, "eager")
         null = self._baseline(task, ref, "null")
         v.eager = eager.timing
+        v.speed_of_light = eager.speed_of_light
         if cfg.compile_mode != "none":
             v.compiled_ref = self._baseline(task, ref, cfg.compile_mode).timing
         v.phase_s["baseline"] = time.monotonic() - t_phase
@@ -732,6 +734,10 @@ class Judge:
             return self._baselines[key]
         if cfg.cache_baselines:
             stored = self.baseline_store.get(bkey)
+            if stored is not None and mode == "eager" and stored.speed_of_light is None:  # cached before it existed
+                stored = stored.model_copy(update={"speed_of_light": task_speed_of_light(task, self.device,
+                                                                                         self.device_name)})
+                self.baseline_store.put(bkey, stored)
             if stored is not None:
                 self._baselines[key] = stored
                 return stored
@@ -753,7 +759,9 @@ class Judge:
         overhead = statistics.median(outside if mode == "null" else [max(o - i, 0.0) for i, o in zip(inside, outside)])
         base = _Baseline(timing=summarize(inside, session.timing_method()),
                          overhead_ms=overhead,
-                         protocol_ms=statistics.median(session.protocol_ms) if session.protocol_ms else None)
+                         protocol_ms=statistics.median(session.protocol_ms) if session.protocol_ms else None,
+                         speed_of_light=task_speed_of_light(task, self.device, self.device_name)
+                         if mode == "eager" else None)
         self._baselines[key] = base
         if cfg.cache_baselines:
             self.baseline_store.put(bkey, base)

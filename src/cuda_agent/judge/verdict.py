@@ -6,6 +6,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent.hardware.sol import SpeedOfLight
+
 
 class FailureCategory(str, Enum):
     """Why a candidate failed. One category per boundary, never a parsed string."""
@@ -106,6 +108,9 @@ class Verdict(BaseModel):
     seeds: dict[str, int] = Field(default_factory=dict)  # revealed after the run, for reproduction
     calls: list[CallRecord] = Field(default_factory=list)
     versions: dict[str, str] = Field(default_factory=dict)
+    # The task's least work and, on a GPU in the peaks table, the least time it can take there
+    # (`cuda_agent.hardware.sol`); kept with the task's eager baseline.
+    speed_of_light: SpeedOfLight | None = None
 
     @property
     def runtime_ms(self) -> float | None:
@@ -131,6 +136,23 @@ class Verdict(BaseModel):
             return self.compile_ms / self.runtime_ms
         return None
 
+    @property
+    def sol_ms(self) -> float | None:
+        return self.speed_of_light.sol_ms if self.speed_of_light else None
+
+    @property
+    def sol_share(self) -> float | None:
+        """The candidate's runtime as a share of speed-of-light (sol_ms / runtime_ms), correct candidates only."""
+        return self.speed_of_light.share(self.runtime_ms) if self.correct and self.speed_of_light else None
+
+    @property
+    def eager_sol_share(self) -> float | None:
+        return self.speed_of_light.share(self.eager_ms) if self.speed_of_light else None
+
+    @property
+    def compile_sol_share(self) -> float | None:
+        return self.speed_of_light.share(self.compile_ms) if self.speed_of_light else None
+
     def summary(self) -> dict:
         """The flat CLI/JSON contract (`cuda-agent eval --json`)."""
         return {
@@ -149,6 +171,13 @@ class Verdict(BaseModel):
             "compile_mode": self.compile_mode,
             "speedup_vs_eager": self.speedup_vs_eager,
             "speedup_vs_compile": self.speedup_vs_compile,
+            "sol_ms": self.sol_ms,
+            "sol_share": self.sol_share,
+            "eager_sol_share": self.eager_sol_share,
+            "compile_sol_share": self.compile_sol_share,
+            "sol_bound": self.speed_of_light.bound if self.speed_of_light else None,
+            "sol_gpu": self.speed_of_light.gpu_model if self.speed_of_light else None,
+            "sol_note": self.speed_of_light.reason if self.speed_of_light else None,
             "reward": self.reward,
             "reward_reason": self.reward_reason,
             "timing_source": self.runtime.source if self.runtime else None,

@@ -5,7 +5,10 @@ the number of fused seed operators), `code` (the KernelBench-format module). Our
 (`<index>_<ops>`, unique), `task_id` (the content hash `Task` uses), `seed`, `composer`,
 `eager_ms`, `compile_ms` (null when compile was not checked), `input_shapes`, `output_shapes`
 and `filter_report` (JSON strings), `nearest_benchmark` and `benchmark_similarity` (empty and
-null without a benchmark directory). Every file is written to a temporary name and renamed, so a
+null without a benchmark directory), `work` (JSON: the task's least work per call, FLOPs by
+precision and least DRAM bytes, `cuda_agent.hardware.sol.TaskWork`, counted on the meta device;
+null when meta tensors cannot run it) and `sol_ms_h200` (that work's speed-of-light on an H200, a
+reference point that needs no GPU; `cuda-agent sol` gives it on other models). Every file is written to a temporary name and renamed, so a
 reader never sees half a file.
 """
 
@@ -24,13 +27,27 @@ SCHEMA = pa.schema([
     ("task_id", pa.string()), ("seed", pa.int64()), ("composer", pa.string()), ("eager_ms", pa.float64()),
     ("compile_ms", pa.float64()), ("input_shapes", pa.string()), ("output_shapes", pa.string()),
     ("filter_report", pa.string()), ("nearest_benchmark", pa.string()), ("benchmark_similarity", pa.float64()),
+    ("work", pa.string()), ("sol_ms_h200", pa.float64()),
 ])
+
+
+def _work(source: str) -> tuple[str | None, float | None]:
+    """The task's least work (JSON) and its speed-of-light on an H200. Meta device only: the export
+    process computes nothing of a task (the sandboxed filter workers ran it)."""
+    from cuda_agent.hardware.sol import count_work, speed_of_light
+
+    try:
+        work = count_work(source, device="meta")
+    except ValueError:
+        return None, None
+    return work.model_dump_json(), speed_of_light(work, "NVIDIA H200").sol_ms
 
 
 def row_of(rec) -> dict:
     """One export row from a `pipeline.CandidateRecord` of an accepted candidate."""
     check = rec.check
     near = rec.nearest
+    work, sol_ms = _work(rec.source)
     return {
         "ops": json.dumps(list(rec.ops)),
         "data_source": f"torch#{len(rec.ops)}",
@@ -49,6 +66,8 @@ def row_of(rec) -> dict:
                                      "ast_hash": rec.ast_hash}),
         "nearest_benchmark": near.name if near else "",
         "benchmark_similarity": near.score if near else None,
+        "work": work,
+        "sol_ms_h200": sol_ms,
     }
 
 
