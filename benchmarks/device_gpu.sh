@@ -79,7 +79,10 @@ case "$stage" in
   fidelity)
     # Published KernelBench solutions (the leaderboard corpus carried in .corpus/, never committed),
     # judged in parts: each call stops submitting after FID_BUDGET minutes; a rerun on the same
-    # machine continues from $out/fidelity (keep the cache: CUDA_AGENT_CACHE stays in the tree).
+    # machine continues from .fidelity (keep the cache: CUDA_AGENT_CACHE stays in the tree). On a
+    # fresh machine, put the verdicts.jsonl a call brought back into .fidelity/ and carry that
+    # folder: only what it lacks is judged (the builds are redone). On an H200 a published
+    # load_inline solution takes ~95 s to build with 14 builds at once, so 300 take about 35 minutes of device time (two or three calls).
     timeout ${FID_TIMEOUT:-560} python3 benchmarks/fidelity.py --corpus .corpus --out "${FID_OUT:-.fidelity}" \
       --time-budget ${FID_BUDGET:-7} ${FID_ARGS:-} > "$out/fidelity.log" 2>&1
     echo "fidelity rc=$?"

@@ -269,6 +269,19 @@ def test_strict_allows_importing_functional_but_not_computing_with_it():
     assert policy.check_python(used, "lenient") == []
 
 
+@pytest.mark.parametrize("policy_name", ["strict", "lenient"])
+def test_string_annotations_are_checked_as_code(policy_name):
+    # typing evaluates string annotations: what they hold is code like any other, and the
+    # evaluators themselves are refused.
+    hidden = GOOD_PY.replace("def forward(self, x)", "def forward(self, x: \"__import__('os')\")")
+    assert any("string annotation" in v and "__import__" in v for v in policy.check_python(hidden, policy_name))
+    evaluated = GOOD_PY.replace("        y = torch.empty_like(x)\n",
+                                "        y = torch.empty_like(x)\n        h = typing.get_type_hints(self.forward)\n")
+    assert any("get_type_hints" in v for v in policy.check_python("import typing\n" + evaluated, policy_name))
+    plain = GOOD_PY.replace("def forward(self, x)", "def forward(self, x: \"torch.Tensor\") -> \"torch.Tensor\"")
+    assert policy.check_python(plain, policy_name) == []
+
+
 def test_python_policy_refuses_try_and_subclass_even_when_lenient():
     src = "import torch.nn as nn\nclass ModelNew(Model):\n    def forward(self, x):\n        try:\n            pass\n        except Exception:\n            pass\n"
     found = policy.check_python(src, "lenient")

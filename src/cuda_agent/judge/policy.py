@@ -50,6 +50,10 @@ FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "gi_frame", "tb_frame", "cr_fr
 MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes", "subprocess", "threading",
                 "multiprocessing", "socket", "signal", "mmap", "marshal", "pickle", "shutil", "time"}
 ALLOWED_DUNDERS = {"__init__", "__name__"}
+# The typing machinery evaluates string annotations as code, out of the checker's sight: these
+# names are refused, and every string annotation is checked as the expression it stands for.
+EVALUATING_NAMES = {"get_type_hints", "ForwardRef", "get_annotations", "evaluate_forward_ref",
+                    "call_annotate_function", "annotationlib"}
 TORCH_CREATION = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like",
                   "full", "full_like", "tensor", "device", "dtype", "float32", "float16", "bfloat16",
                   "float64", "int32", "int64", "int8", "uint8", "bool", "Size", "no_grad",
@@ -91,6 +95,18 @@ def check_python(source: str, policy: str) -> list[str]:
             add(node, f"reaching module '{attr}' through an attribute is not allowed")
 
     for node in ast.walk(tree):
+        for ann in _string_annotations(node):
+            try:
+                expr = ast.parse(ann.value, mode="eval")
+            except SyntaxError:
+                add(ann, "a string annotation that is not an expression is not allowed")
+                continue
+            for found in check_python(f"_ = ({ast.unparse(expr.body)})", policy):
+                add(ann, f"in a string annotation: {found.partition(': ')[2]}")
+        if isinstance(node, (ast.Name, ast.Attribute, ast.alias)) and \
+                (getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "name", None)) \
+                in EVALUATING_NAMES:
+            add(node, "evaluating annotations (typing.get_type_hints, ForwardRef) is not allowed")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
             # getattr(x, "name") is x.name; a computed name is refused where it could reach a
             # library object (strict), and special names are refused at run time as well.
@@ -138,6 +154,23 @@ def check_python(source: str, policy: str) -> list[str]:
     if strict:
         out += _strict_forward_checks(tree)
     return out
+
+
+def _string_annotations(node: ast.AST) -> list[ast.Constant]:
+    """The annotations of `node` written as strings (evaluated lazily by typing, so code)."""
+    anns: list = []
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = node.args
+        anns += [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x is not None]
+        anns.append(getattr(node, "returns", None))
+    elif isinstance(node, ast.AnnAssign):
+        anns.append(node.annotation)
+    found = []
+    for ann in anns:
+        for sub in ast.walk(ann) if ann is not None else ():
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                found.append(sub)
+    return found
 
 
 def _extension_names(tree: ast.Module) -> tuple[set[str], set[str]]:
