@@ -554,3 +554,20 @@ def test_a_worker_set_up_failure_is_the_judges_not_the_candidates(tmp_path):
         v = judge.evaluate(task, cand)
     assert v.failure is not None and v.failure.category is FailureCategory.JUDGE, v.failure
     assert "worker setup failed" in v.failure.message and "does not load beside" in v.failure.message
+
+
+def test_changed_input_finds_writes_at_any_depth():
+    from cuda_agent.judge.compare import changed_input
+
+    x, s = torch.randn(3, 4), torch.randn(3, 4)
+    sent = [x, [s, {"w": torch.ones(2)}], 5]
+    same = [x.clone(), [s.clone(), {"w": torch.ones(2)}], 5]
+    assert changed_input(sent, same) is None
+    inner = [x.clone(), [s.clone(), {"w": torch.zeros(2)}], 5]
+    assert changed_input(sent, inner) == "input 1[1]['w']"
+    listed = [x.clone(), [s + 1, {"w": torch.ones(2)}], 5]
+    assert changed_input(sent, listed) == "input 1[0]"
+    assert changed_input(sent, [x.clone(), [s.clone()], 5]) == "input 1"
+    # -0.0 and 0.0 compare equal as numbers but not as bits: a write is a write
+    z = torch.zeros(2)
+    assert changed_input([z], [torch.tensor([-0.0, 0.0])]) == "input 0"

@@ -211,3 +211,39 @@ def degenerate_warnings(expected_sets: list[list[torch.Tensor]], *, atol: float,
         if same:
             warnings.append("reference output is identical for different inputs (input-independent task)")
     return warnings
+
+
+def changed_input(sent: list, back: list) -> str | None:
+    """The first input that forward modified, bit for bit and at any depth of nesting (a tensor
+    inside a list or dict of inputs is the candidate's to read, not to write), or None."""
+
+    def walk(a, b, where: str) -> str | None:
+        if isinstance(a, torch.Tensor):
+            if isinstance(b, torch.Tensor):
+                a = a.detach().to(b.device)
+            if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype \
+                    or not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
+                return where
+        elif isinstance(a, (list, tuple)):
+            if not isinstance(b, (list, tuple)) or len(a) != len(b):
+                return where
+            for k, (x, y) in enumerate(zip(a, b)):
+                found = walk(x, y, f"{where}[{k}]")
+                if found:
+                    return found
+        elif isinstance(a, dict):
+            if not isinstance(b, dict) or a.keys() != b.keys():
+                return where
+            for k in a:
+                found = walk(a[k], b[k], f"{where}[{k!r}]")
+                if found:
+                    return found
+        return None
+
+    if len(back) != len(sent):
+        return f"{len(back)} inputs came back, not {len(sent)}"
+    for k, (a, b) in enumerate(zip(sent, back)):
+        found = walk(a, b, f"input {k}")
+        if found:
+            return found
+    return None

@@ -40,7 +40,7 @@ from .baselines import Baseline as _Baseline, BaselineKey, BaselineStore, FileBa
 from .sol import task_speed_of_light
 from .build import Builder, BuildError, BuildSpec, build_arch
 from .buildplan import BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request
-from .compare import compare_outputs, degenerate_warnings
+from .compare import changed_input, compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ErrorCategory, ProtocolError, send_plane
@@ -1004,12 +1004,9 @@ class Judge:
     def _check_echo(sent: list, back: list, i: int) -> None:
         if len(back) != len(sent):
             raise _Stop(FC.MISMATCH, f"call {i}: the candidate process returned {len(back)} inputs, not {len(sent)}")
-        for k, (a, b) in enumerate(zip(sent, back)):
-            if isinstance(a, torch.Tensor):
-                a = a.detach().to(b.device) if isinstance(b, torch.Tensor) else a
-                if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype \
-                        or not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
-                    raise _Stop(FC.MISMATCH, f"call {i}: forward modified input {k} in place")
+        changed = changed_input(sent, back)
+        if changed:
+            raise _Stop(FC.MISMATCH, f"call {i}: forward modified {changed} in place")
 
     def _get_zygote(self) -> Zygote | None:
         use = self.config.use_zygote if self.config.use_zygote is not None else self.device == "cpu"
