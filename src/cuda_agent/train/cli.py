@@ -242,6 +242,21 @@ def verl_config_cmd(
         out.print(str(path))
 
 
+@train_app.command("toy")
+def toy_cmd(out_dir: Annotated[Path, typer.Argument(help="folder for the toy's model, task and settings")],
+            seed: Annotated[int, typer.Option("--seed")] = 0,
+            steps: Annotated[int, typer.Option("--steps", min=1)] = 12) -> None:
+    """Build the learning check: the tiny model choosing, through the real tools and judge (CPU
+    backend), between a correct and a broken RMSNorm kernel. Then run
+    `cuda-agent train ppo --config OUT/toy.json --out OUT/run`: its mean reward must rise. It checks
+    the gradient path, not CUDA skill."""
+    _need_transformers()
+    from .toy import build_toy
+
+    path = build_toy(out_dir, seed=seed, steps=steps)
+    out.print(f"toy settings in {path}; run: cuda-agent train ppo --config {path} --out {out_dir / 'run'}")
+
+
 @train_app.command("tiny-model")
 def tiny_cmd(out_dir: Annotated[Path, typer.Argument(help="folder to write the model and tokenizer to")],
              seed: Annotated[int, typer.Option("--seed")] = 0) -> None:
