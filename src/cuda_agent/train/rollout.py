@@ -103,7 +103,7 @@ def run_episodes(tasks: list[Task], *, mode: str, gate, policy: TokenPolicy, ren
             finally:
                 box.close()
                 if not cfg.episode.keep_workspace:
-                    _rmtree(ws)
+                    remove_workspace(ws)
         except Exception as exc:   # the judge could not work: the episode measures nothing
             from cuda_agent.agent.outcome import JudgeFailure
             from cuda_agent.judge import JudgeError
@@ -125,7 +125,8 @@ def run_episodes(tasks: list[Task], *, mode: str, gate, policy: TokenPolicy, ren
     return out, failures
 
 
-def _rmtree(path: Path) -> None:
+def remove_workspace(path: Path) -> None:
+    """Delete an episode's workspace, its read-only files included."""
     for p in [path, *path.rglob("*")]:   # the read-only files of a workspace
         try:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import tempfile
 import uuid
@@ -200,7 +199,6 @@ class CudaAgentLoop(AgentLoopBase):
             return run_agentic_episode(task, box, policy, renderer, self.episode_config, self.reward_config)
         finally:
             box.close()
-            from .rollout import _rmtree
+            from .rollout import remove_workspace
 
-            _rmtree(ws)
-            shutil.rmtree(ws, ignore_errors=True)
+            remove_workspace(ws)
