@@ -240,8 +240,10 @@ def runs_cmd(db: Annotated[Optional[Path], typer.Option("--db", help="results da
 from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)
 from cuda_agent.synth.cli import synth_cmd  # noqa: E402  (defined with the synth package)
 from cuda_agent.hardware.cli import sol_cmd  # noqa: E402  (speed-of-light per task)
+from cuda_agent.train.cli import register as _register_train  # noqa: E402  (train: the RL stages)
 
 _register_agent(app)
+_register_train(app)
 app.command("synth")(synth_cmd)
 app.command("sol")(sol_cmd)
 

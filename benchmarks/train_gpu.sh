@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The training stages on a CUDA machine with the tiny model (no download) and the real judge:
+#   bash benchmarks/train_gpu.sh STAGE [OUT_DIR]      STAGE: toy | stages | toy+stages
+# toy: the learning check (CPU judge backend, the policy on the GPU); stages: warm-up, RFT export,
+# critic and agentic PPO on the CUDA suite with the CUDA judge, for episodes per hour and the time
+# split. Installs wheels from ./.whl (pydantic etc.) and this package in place, as device_gpu.sh.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+stage=${1:-toy}
+out=${2:-${OUT:-runs/train}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 CUDA_AGENT_CACHE=${CUDA_AGENT_CACHE:-$PWD/.cache/cuda_agent}
+if [ -z "${SKIP_INSTALL:-}" ]; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARN
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN
+  python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name(0))'
+fi
+case "$stage" in
+  *+*)
+    for s in ${stage//+/ }; do SKIP_INSTALL=1 bash "$0" "$s" "$out"; done ;;
+  toy)
+    cuda-agent train toy "$out/toy" --steps "${TOY_STEPS:-12}"
+    cuda-agent train ppo --config "$out/toy/toy.json" --out "$out/toy/run" --train-device cuda
+    python3 benchmarks/train_metrics.py "$out/toy/run" ;;
+  stages)
+    common=(--model tiny --tasks suite --device cuda --train-device cuda -c episodes_per_step=8 -c concurrency=8)
+    cuda-agent train warmup --out "$out/warmup" "${common[@]}" --steps 2 -c episode.turn_tokens=512
+    cuda-agent train critic --out "$out/critic" --model "$out/warmup/final/actor" --episodes "$out/warmup/episodes" \
+      --train-device cuda -c epochs=2
+    cuda-agent train ppo --out "$out/ppo" "${common[@]}" --steps 2 --critic "$out/critic/final/critic" \
+      -c episode.max_turns=6 -c episode.turn_tokens=256
+    python3 benchmarks/train_metrics.py "$out/warmup" "$out/critic" "$out/ppo" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac

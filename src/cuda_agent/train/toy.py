@@ -1,0 +1,83 @@
+"""The learning check: a toy setting in which the right behaviour earns the judge's reward.
+
+The task is the CPU suite's RMSNorm. The tiny random model gets three extra tokens, each of which
+decodes to a whole reply of hermes tool calls, and sampling (and the trainer's logprobs) is
+restricted to them and EOS:
+
+    GOOD     write_file x3: the bundled correct OpenMP solution (model_new.py, kernel, binding)
+    BAD      write_file x3: the same kernel with the learned gain left out (wrong values)
+    SUBMIT   submit
+
+An episode has two turns in the agent's real workspace with the real tools and the real judge
+(CPU backend); its reward is the judge's milestone reward as in every episode (the submitted
+candidate, else the best or last judged one, else the final workspace judged once). Writing GOOD
+and not overwriting it earns a positive reward; anything else earns -1. A fixed-seed PPO run must
+raise the mean reward clearly over its steps. This checks the gradient path (tokens, masks,
+logprobs, advantages, signs, the critic), not CUDA skill: the model only chooses between
+pre-written replies.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib.resources import files
+from pathlib import Path
+
+TASK = "10_RMSNorm"
+
+
+def _call(name: str, **arguments) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def actions() -> dict[str, str]:
+    """The toy's three replies, by name."""
+    root = files("cuda_agent") / "suite" / "solutions" / "cpu" / TASK
+    model_new = (root / "model_new.py").read_text()
+    kernel = (root / "kernels" / "rmsnorm.cpp").read_text()
+    binding = (root / "kernels" / "rmsnorm_binding.cpp").read_text()
+    broken = kernel.replace("yr[i] = xr[i] * inv * wp[i];", "yr[i] = xr[i] * inv;")
+    if broken == kernel:
+        raise RuntimeError("the toy's broken kernel no longer differs from the solution")
+
+    def write_all(k: str) -> str:
+        return "\n".join([_call("write_file", path="model_new.py", content=model_new),
+                          _call("write_file", path="kernels/rmsnorm.cpp", content=k),
+                          _call("write_file", path="kernels/rmsnorm_binding.cpp", content=binding)])
+
+    return {"GOOD": write_all(kernel), "BAD": write_all(broken), "SUBMIT": _call("submit")}
+
+
+def build_toy(out: Path, *, seed: int = 0, steps: int = 12) -> Path:
+    """Write OUT/model (the tiny model with the three action tokens), OUT/task.py and OUT/toy.json
+    (settings for `cuda-agent train ppo --config OUT/toy.json`). Returns the settings file."""
+    from tokenizers import AddedToken
+
+    from .tiny import build_tiny
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = out / "task.py"
+    task.write_text((files("cuda_agent") / "suite" / "cpu" / f"{TASK}.py").read_text())
+    model, tok = build_tiny(seed=seed)
+    acts = actions()
+    tok.add_tokens([AddedToken(text, special=False, normalized=False) for text in acts.values()])
+    model.resize_token_embeddings(len(tok))
+    shutil.rmtree(out / "model", ignore_errors=True)
+    model.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+    settings = {
+        "train": {
+            "model": str(out / "model"), "tasks": str(task), "seed": seed, "steps": steps, "episodes_per_step": 8,
+            "concurrency": 4, "judge_memo": True, "allowed_tokens": list(acts.values()),
+            "episode": {"max_turns": 2, "turn_tokens": 1, "temperature": 1.0},
+            "optim": {"actor_lr": 3e-3, "critic_lr": 3e-3, "micro_batch": 4},
+            "ppo": {"epochs": 2, "mini_batch": 8, "gamma": 1.0, "lam": 1.0},
+        },
+        # the toy needs correctness, not the compiled baseline
+        "judge": {"device": "cpu", "compile_mode": "none"},
+    }
+    path = out / "toy.json"
+    path.write_text(json.dumps(settings, indent=1))
+    return path
