@@ -6,7 +6,8 @@ Data flow of one evaluation:
     (trusted processes, same protocol, cached) -> candidate process starts and builds ModelNew
     (weights copied from Model) -> for every call: fresh inputs from a secret seed, reference
     output computed here, candidate output received as bytes and compared here, inputs read back
-    -> the candidate's times checked against this process's clock -> Verdict -> reward
+    -> the candidate's times checked against this process's clock -> Verdict (measurements only;
+    its readers score it with `cuda_agent.reward`)
 
 The candidate process never holds a reference output, a seed of an input it has not yet been
 given, or anything that decides the verdict.
@@ -31,7 +32,6 @@ import torch
 
 from cuda_agent import host
 from cuda_agent.candidate import Candidate
-from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
 
 from . import observer as obs
@@ -259,7 +259,7 @@ class Judge:
         reproduce the harness's outputs there within tolerance, leave its inputs unmodified and give
         outputs that are not degenerate (`task_warnings`). `eager` is its time under the call
         protocol. No candidate policy applies: the reference is not a candidate. A task that fails
-        gets correct=False and the reason in `failure`; the reward is not computed."""
+        gets correct=False and the reason in `failure`."""
         t0 = time.monotonic()
         cfg = self.config
         v = self._new_verdict(task, "reference")
@@ -317,8 +317,6 @@ class Judge:
         if verdict.failure is not None:
             verdict.correct = False
         verdict.judge_s = time.monotonic() - t0
-        r = reward_of(verdict, self.config.reward)
-        verdict.reward, verdict.reward_reason = r.value, r.reason
         return verdict
 
     def build_plan(self, candidate: Candidate) -> BuildPlan:

@@ -1,4 +1,5 @@
-"""Typed records the judge produces. A verdict records what happened; rewards read it."""
+"""Typed records the judge produces. A verdict records what happened (measurements only); the
+reward is a pure function of it that its readers apply (`cuda_agent.reward`)."""
 
 from __future__ import annotations
 
@@ -81,8 +82,6 @@ class Verdict(BaseModel):
     eager: Timing | None = None
     compiled_ref: Timing | None = None
     compile_mode: str | None = None
-    reward: float = -1.0
-    reward_reason: str = ""
     build_s: float | None = None
     build_cached: bool | None = None
     judge_s: float | None = None
@@ -132,7 +131,8 @@ class Verdict(BaseModel):
         return None
 
     def summary(self) -> dict:
-        """The flat CLI/JSON contract (`cuda-agent eval --json`)."""
+        """The flat record of the measurements (`cuda-agent eval --json` adds the reward to it:
+        `cuda_agent.reward.scored_summary`)."""
         return {
             "task": self.task_name,
             "task_id": self.task_id,
@@ -149,8 +149,6 @@ class Verdict(BaseModel):
             "compile_mode": self.compile_mode,
             "speedup_vs_eager": self.speedup_vs_eager,
             "speedup_vs_compile": self.speedup_vs_compile,
-            "reward": self.reward,
-            "reward_reason": self.reward_reason,
             "timing_source": self.runtime.source if self.runtime else None,
             "runtime_spread_ms": [self.runtime.p10_ms, self.runtime.p90_ms] if self.runtime else None,
             "max_abs_err": self.max_abs_err,
