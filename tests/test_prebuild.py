@@ -19,6 +19,7 @@ from cuda_agent.judge import Judge, JudgeConfig, Verdict
 from cuda_agent.judge import harness
 from cuda_agent.judge.build import workspace_spec
 from cuda_agent.judge.buildplan import plan_build, spec_from_request, workspace_slot
+from cuda_agent.judge.evaluation import Evaluation
 from cuda_agent.judge.worker import load_inline_request
 from cuda_agent.pool import Pool, PoolConfig
 from cuda_agent.pool.prebuild import build_plan_ahead
@@ -67,14 +68,13 @@ def _served_specs(judge: Judge, request: dict, monkeypatch) -> tuple[list, dict]
     (recorded, not compiled), and its answer to the candidate."""
     built = []
 
-    def record(self, spec, v):
+    def record(self, spec, ev):
         built.append(spec)
         raise harness._Stop(harness.FC.COMPILE, "recorded, not built")
 
     monkeypatch.setattr(Judge, "_build", record)
-    v = Verdict(task_id="", task_name="", candidate_hash="", device=judge.device)
-    judge._build_failure = None
-    answer = judge._serve_build(request, None, v)
+    ev = Evaluation(kind="candidate", verdict=Verdict(task_id="", task_name="", candidate_hash="", device=judge.device))
+    answer = judge._serve_build(request, None, ev)
     return built, answer
 
 
@@ -133,10 +133,10 @@ def test_evaluate_builds_the_plans_workspace_spec(path, cpu_judges, monkeypatch)
     judge = cpu_judges[policy]
     plan = plan_build(cand, "cpu", policy)
     built = []
-    monkeypatch.setattr(Judge, "_build", lambda self, spec, v: built.append(spec) or Path("/nonexistent"))
+    monkeypatch.setattr(Judge, "_build", lambda self, spec, ev: built.append(spec) or Path("/nonexistent"))
     v = Verdict(task_id="", task_name="", candidate_hash=cand.hash, device="cpu")
     try:
-        judge._build_workspace(cand, v)
+        judge._build_workspace(cand, Evaluation(kind="candidate", verdict=v))
         refused = None
     except harness._Stop as stop:
         refused = stop.failure
