@@ -1,4 +1,14 @@
-"""The trusted side of the judge: builds, references, inputs, comparisons, timing decisions.
+"""The judge: one evaluation from candidate to verdict, and the calls it makes (the comparisons and
+timing decisions). Its parts each have one owner:
+
+    evaluation.py  the state of one run (candidate, reference check or baseline) and its verdict
+    session.py     one worker process under the call protocol: channel, data plane, health watch
+    supply.py      worker processes: spares started ahead of need, the zygote, uid rotation
+    builds.py      what is built for a candidate and the policy checks around it
+    reference.py   the task's reference in this process: construction, fresh inputs, float64
+    baselines.py   eager / torch.compile / null baselines: keys, cache, store, trusted sources
+    protocol.py    the channel and the typed messages between judge and worker
+    timing.py      how times are summarised and reconciled with the judge's clock
 
 Data flow of one evaluation:
 
@@ -33,16 +43,17 @@ from . import observer as obs
 from . import policy as pol
 from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, BaselineStore, FileBaselineStore,
                         baseline_source)
-from .build import Builder, BuildError, BuildSpec, build_arch
-from .buildplan import BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request
+from .build import Builder, build_arch
+from .buildplan import BuildOutcome, BuildPlan
+from .builds import CandidateBuilds
 from .compare import compare_outputs, degenerate_warnings
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
-from .protocol import BuildAnswer, BuildRequest, CallReply, Channel, DataPlane, InitRequest, Ready
+from .protocol import CallReply, Channel, DataPlane, InitRequest, Ready
 from .reference import Reference, Setup, fresh_inputs, make_setup, reference_ops, to_list
 from .reference import expected64 as reference_expected64
-from .sandbox import SandboxError, Sandboxed, is_root, seccomp_problem, work_root_dir
+from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
 from .supply import WorkerSupply
 from .tensorio import TransportError, pack, packed_end, snapshot, unpack
@@ -65,6 +76,7 @@ _HARNESS_VERSION = 7  # bump when the call protocol changes: cached baselines de
 
 
 def _scratch_verdict(task: Task) -> Verdict:
+    """The verdict a baseline run fills in: never returned, only its notes and violations are read."""
     return Verdict(task_id=task.id, task_name=task.name, candidate_hash="baseline", device="")
 
 
@@ -105,7 +117,7 @@ class Judge:
         self.baselines = BaselineCache(self.baseline_store, persist=config.cache_baselines)
         self._integrity = _package_files()
         self._references: dict[str, Reference] = {}
-        self._observer: Path | None = None
+        self.builds = CandidateBuilds(self.builder, self.device, config.policy)
         self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
 
     # -------------------------------------------------------------------------------- public
@@ -179,13 +191,13 @@ class Judge:
 
     def build_plan(self, candidate: Candidate) -> BuildPlan:
         """What this judge builds for `candidate` (see `cuda_agent.judge.buildplan`)."""
-        return plan_build(candidate, self.device, self.config.policy)
+        return self.builds.plan(candidate)
 
     def build(self, candidate: Candidate) -> BuildOutcome:
         """The judge's static checks and builds for `candidate`, with nothing run: the same plan,
         build step and cache as `evaluate`, plus the load_inline specs read statically from a
         single file. A candidate's fault is a failure in the outcome, never an exception."""
-        return build_planned(self.build_plan(candidate), self.builder)
+        return self.builds.ahead(candidate)
 
     def close(self) -> None:
         self._references.clear()
@@ -220,7 +232,7 @@ class Judge:
         v = ev.verdict
         deadline = t0 + cfg.total_timeout_s
         ev.vendor = self._vendor_allowance(task)
-        library = self._build_workspace(cand, ev)
+        library = self.builds.workspace(cand, ev)
         if cand.kind != "workspace":
             v.compiled = True  # set back to False if a load_inline build fails
 
@@ -556,36 +568,6 @@ class Judge:
         self.baselines.put(bkey, base)
         return base
 
-    def _build_workspace(self, cand: Candidate, ev: Evaluation) -> Path | None:
-        """The plan's refusal or a workspace's build, recorded in the verdict (raises _Stop with the
-        failure). A single file's load_inline builds wait until its module asks for them."""
-        v = ev.verdict
-        plan = self.build_plan(cand)
-        if plan.load_error is not None:
-            raise _Stop(FC.LOAD, plan.load_error)
-        if plan.violations:
-            v.policy_violations.extend(plan.violations)
-            raise _Stop(FC.POLICY, plan.violations[0])
-        return self._build(plan.specs[0], ev) if cand.kind == "workspace" else None
-
-    def _build(self, spec: BuildSpec, ev: Evaluation) -> Path:
-        """One build of the evaluation's candidate through the build plan's step, recorded in its verdict."""
-        v = ev.verdict
-        built = build_spec(self.builder, spec, policy=self.config.policy, device=self.device, vendor=ev.vendor)
-        if built.library is None:
-            v.compiled = False
-            raise _Stop(built.failure.category, built.failure.message)
-        v.compiled = True
-        v.build_s = (v.build_s or 0.0) + built.seconds
-        v.phase_s["build"] = v.build_s
-        if built.note:
-            v.notes.append(built.note)
-        if built.violations:
-            v.policy_violations.extend(built.violations)
-            raise _Stop(FC.POLICY, built.violations[0])
-        v.build_cached = built.cached if v.build_cached is None else (v.build_cached and built.cached)
-        return built.library
-
     def _vendor_allowance(self, task: Task) -> frozenset[str]:
         """cuBLAS GEMMs if the task's reference has a GEMM, cuDNN convolutions if it has a convolution;
         learnt once per task."""
@@ -607,7 +589,7 @@ class Judge:
         workdir = proc.spec.workdir
         # The judge's operator observer, loaded by the worker before anything of the task. Owned by
         # the judge (not chowned): the candidate's uid cannot rewrite it.
-        shutil.copy2(self._observer_library(), workdir / obs.FILE)
+        shutil.copy2(self.builds.observer_library(), workdir / obs.FILE)
         (workdir / "model_new.py").write_text(model_new)
         (workdir / "model.py").write_text(task.source)
         if library is not None:
@@ -619,22 +601,13 @@ class Judge:
         proc.reset_disk_baseline()
         return proc, Channel(sock)
 
-    def _observer_library(self) -> Path:
-        """observer.cpp built once per toolchain (the judge's own build, never a candidate's)."""
-        if self._observer is None:
-            try:
-                self._observer = self.builder.build(obs.spec()).library
-            except BuildError as exc:
-                raise JudgeError(f"the judge's operator observer does not build: {exc}") from None
-        return self._observer
-
     def _serve_init(self, session: Session, ev: Evaluation, deadline: float) -> Ready:
         """Wait for the worker's ModelNew, building what its load_inline calls ask for meanwhile."""
         while True:
             msg = session.recv(deadline, "loading the candidate")
             if msg.get("op") == "build":
                 started = time.monotonic()
-                session.chan.send(dict(self._serve_build(msg, session.proc, ev)))
+                session.chan.send(dict(self.builds.serve(msg, session.proc, ev)))
                 # compile time has its own limit (build_timeout_s); it does not count as loading time
                 deadline += time.monotonic() - started
                 continue
@@ -642,33 +615,6 @@ class Judge:
                 ev.reported_error(msg, setup=True)
             ev.note_blocked(msg)
             return msg
-
-    def _serve_build(self, msg: BuildRequest | dict, proc: Sandboxed, ev: Evaluation) -> BuildAnswer:
-        """A load_inline build the worker asked for, through the build plan's checks and build step;
-        a failure is remembered (`ev.build_failure`) as the reason if the worker then fails."""
-        v = ev.verdict
-        try:
-            spec = spec_from_request(msg)
-        except BuildError as exc:
-            ev.build_failure = Failure(category=FC.COMPILE, message=str(exc))
-            return BuildAnswer(ok=False, message=str(exc))
-        refusal = inline_refusal(spec, self.device, self.config.policy)
-        if refusal is not None:
-            if refusal.category == "policy":
-                v.policy_violations.extend(refusal.violations)
-            else:
-                ev.build_failure = Failure(category=FC.COMPILE, message=refusal.message)
-            return BuildAnswer(ok=False, message=refusal.message)
-        try:
-            library = self._build(spec, ev)
-        except _Stop as stop:
-            ev.build_failure = stop.failure
-            return BuildAnswer(ok=False, message=stop.failure.message)
-        dest = proc.spec.workdir / f"lib_{spec.name}.so"
-        shutil.copy2(library, dest)
-        if proc.uid is not None:
-            os.chown(dest, proc.uid, proc.uid)
-        return BuildAnswer(ok=True, library=str(dest))
 
     # -------------------------------------------------------------------------------- calls
     @staticmethod
