@@ -278,3 +278,14 @@ def test_reward_config_refuses_unknown_fields():
         RewardConfig(faster_than_eager=2.0)
     with pytest.raises(pydantic.ValidationError):
         RewardConfig(eager_margin=-0.1)
+
+
+def test_the_agent_ranks_verdicts_by_its_environments_reward():
+    from cuda_agent.agent.loop import AgentConfig, rank
+    from cuda_agent.reward import Reward
+
+    assert AgentConfig(reward={"compile_margin": 0.2}).reward.compile_margin == 0.2
+    v = verdict(runtime=1.0, eager=1.1, compiled_ref=1.1)
+    strict = reward_of(v, RewardConfig(eager_margin=0.2, compile_margin=0.2))
+    assert rank(v, reward_of(v)) > rank(v, strict) > rank(v, None)
+    assert rank(v, Reward(value=2.0, reason="x")) < rank(verdict(runtime=0.5, eager=1.1), Reward(value=2.0, reason="x"))
