@@ -228,6 +228,8 @@ def compile_units(since: float) -> dict[str, float]:
 
 
 def record(verdict, wall_s: float, since: float, **extra) -> dict:
+    from cuda_agent.reward import reward_of
+
     summary = verdict.summary()
     return {
         "judge_s": verdict.judge_s,
@@ -236,7 +238,7 @@ def record(verdict, wall_s: float, since: float, **extra) -> dict:
         "build_cached": verdict.build_cached,
         "compiled": verdict.compiled,
         "correct": verdict.correct,
-        "reward": verdict.reward,
+        "reward": reward_of(verdict).value,
         "failure": summary.get("failure"),
         "runtime_ms": summary.get("runtime_ms"),
         "eager_ms": summary.get("eager_ms"),

@@ -265,6 +265,7 @@ def main() -> int:
     from cuda_agent.judge import Judge, JudgeConfig
     from cuda_agent.judge.build import workspace_spec
     from cuda_agent.tasks import load_task_file
+    from cuda_agent.reward import reward_of
 
     if not torch.cuda.is_available():
         print("timing_check needs a CUDA device", file=sys.stderr)
@@ -297,7 +298,7 @@ def main() -> int:
                 for label, kind, _ in cases:
                     v = judge.evaluate(load_task_file(tasks[label]), Candidate.from_path(wss[kind]))
                     row = rows[label]
-                    row[cond] = {"correct": v.correct, "reward": v.reward,
+                    row[cond] = {"correct": v.correct, "reward": reward_of(v).value,
                                  "runtime_ms": v.runtime.median_ms if v.runtime else None,
                                  "min_ms": v.runtime.min_ms if v.runtime else None,
                                  "source": v.runtime.source if v.runtime else None,

@@ -63,7 +63,7 @@ class ScriptedJudge:
         runtime = float(d.get("runtime", "1.0"))
         v = Verdict(task_id=task.id, task_name=task.name, candidate_hash=candidate.hash, device="cpu",
                     device_name=self.device_name, compiled=True, correct=True, runtime=_timing(runtime),
-                    eager=_timing(2.0), reward=2.0 if runtime < 2.0 else 1.0, reward_reason="scripted")
+                    eager=_timing(2.0))
         v.phase_s.update({"started_at": started, "ended_at": time.time(), "pid": float(os.getpid())})
         return v
 

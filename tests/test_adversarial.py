@@ -30,6 +30,7 @@ from conftest import judge_cache_dir
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import FailureCategory, Judge, JudgeConfig
 from cuda_agent.tasks import load_task_file
+from cuda_agent.reward import reward_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TASKS = FIXTURES / "tasks"
@@ -227,7 +228,7 @@ def side_effects(j: Judge, package_before: set[str], listener: Listener | None, 
 # ------------------------------------------------------------------------------------ checks
 def describe(path: Path, verdict) -> str:
     failure = f"{verdict.failure.category.value}: {verdict.failure.message[:600]}" if verdict.failure else None
-    return (f"{fixture_id(path)}: reward={verdict.reward} correct={verdict.correct} failure={failure} "
+    return (f"{fixture_id(path)}: reward={reward_of(verdict).value} correct={verdict.correct} failure={failure} "
             f"violations={verdict.policy_violations[:3]} runtime_ms={verdict.runtime_ms} "
             f"eager_ms={verdict.eager_ms} notes={verdict.notes[:3]}")
 
@@ -238,9 +239,9 @@ def check_verdict(path: Path, header: dict[str, str], verdict) -> None:
         assert verdict.failure is None, text
         assert verdict.correct is True, text
         assert not verdict.policy_violations, text
-        assert verdict.reward >= 1, text
+        assert reward_of(verdict).value >= 1, text
         return
-    assert verdict.reward == -1, text
+    assert reward_of(verdict).value == -1, text
     assert verdict.correct is False, text
     assert verdict.failure is not None or verdict.policy_violations, text
     allowed = {s.strip() for s in header.get("failure", "").split(",") if s.strip()}

@@ -77,7 +77,7 @@ def test_cpu_run_fixes_a_compile_error_verifies_and_submits(tmp_path):
     assert result.termination is Termination.SUBMITTED, result.message
     assert result.outcome.terminated is Terminal.SUBMITTED and result.outcome.truncated is None
     assert result.turns == len(script)
-    assert result.best_verdict is not None and result.best_verdict.correct and result.best_verdict.reward >= 1
+    assert result.best_verdict is not None and result.best_verdict.correct and result.best_reward.value >= 1
     assert result.best == Candidate.from_path(tmp_path / "ws")
     events = load_trajectory(tmp_path / "trajectory.jsonl")
     judged = [e for e in events if e["type"] == "tool" and e["verdict"]]
@@ -104,5 +104,5 @@ def test_cuda_run_solves_a_bundled_level1_task(tmp_path):
     result = run_agent(script, task, "cuda", tmp_path, config, max_turns=len(script) + 2)
     assert result.termination is Termination.SUBMITTED, result.message
     v = result.best_verdict
-    assert v is not None and v.correct and v.device == "cuda" and v.reward >= 1
+    assert v is not None and v.correct and v.device == "cuda" and result.best_reward.value >= 1
     assert v.speedup_vs_eager is not None

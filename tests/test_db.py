@@ -26,7 +26,7 @@ def verdict(task: Task, cand: Candidate, runtime_ms: float | None) -> Verdict:
         return Verdict(task_id=task.id, task_name=task.name, candidate_hash=cand.hash, device="cpu",
                        failure=Failure(category=FailureCategory.COMPILE, message="error: x"))
     return Verdict(task_id=task.id, task_name=task.name, candidate_hash=cand.hash, device="cpu", compiled=True,
-                   correct=True, runtime=timing(runtime_ms), eager=timing(2.0), reward=2.0)
+                   correct=True, runtime=timing(runtime_ms), eager=timing(2.0))
 
 
 def make(tag: str, level: int = 1) -> tuple[Task, Candidate]:
@@ -40,8 +40,8 @@ def test_verdicts_round_trip_with_their_sources(tmp_path):
         run, created = db.open_run("r1", spec="suite:cpu", device="cpu", settings_digest="abc", info={"x": 1})
         assert created and run.info == {"x": 1}
         (t1, c1), (t2, c2) = make("a"), make("b", level=2)
-        db.add_verdict("r1", t1, c1, verdict(t1, c1, 1.0))
-        db.add_verdict("r1", t2, c2, verdict(t2, c2, None))
+        db.add_verdict("r1", t1, c1, verdict(t1, c1, 1.0), reward=0.0)
+        db.add_verdict("r1", t2, c2, verdict(t2, c2, None), reward=0.0)
         assert db.finished("r1") == {(t1.id, t1.name, c1.hash), (t2.id, t2.name, c2.hash)}
         stored = db.verdicts("r1")
         assert [(s.task_name, s.level, s.verdict.correct) for s in stored] == [("t_a", 1, True), ("t_b", 2, False)]
@@ -71,8 +71,8 @@ def test_a_changed_solution_supersedes_its_older_candidate(tmp_path):
         db.open_run("r", spec="s", device="cpu", settings_digest="d", info={})
         task, old = make("a")
         new = Candidate.from_files("class ModelNew: pass\n# v2\n", {}, origin=old.origin)
-        db.add_verdict("r", task, old, verdict(task, old, None))
-        db.add_verdict("r", task, new, verdict(task, new, 0.5))
+        db.add_verdict("r", task, old, verdict(task, old, None), reward=0.0)
+        db.add_verdict("r", task, new, verdict(task, new, 0.5), reward=0.0)
         assert [v.candidate_hash for v in db.verdicts("r")] == [new.hash]
         assert len(db.verdicts("r", latest_per_solution=False)) == 2
 
@@ -91,13 +91,13 @@ def test_two_solutions_of_one_reference_are_two_rows(tmp_path):
     with ResultsDB(tmp_path / "r.sqlite") as db:
         for run in ("r", "copies"):
             db.open_run(run, spec="s", device="cpu", settings_digest="d", info={})
-        db.add_verdict("r", t1, c1, verdict(t1, c1, 1.0))
-        db.add_verdict("r", t2, c2, verdict(t2, c2, None))
+        db.add_verdict("r", t1, c1, verdict(t1, c1, 1.0), reward=0.0)
+        db.add_verdict("r", t2, c2, verdict(t2, c2, None), reward=0.0)
         assert [(v.task_name, v.solution) for v in db.verdicts("r")] == [
             ("3_Softmax", "/sol/3_Softmax.py"), ("3_Softmax_again", "/sol/3_Softmax_again.py")]
         assert db.finished("r") == {(t1.id, t1.name, c1.hash), (t2.id, t2.name, c2.hash)}
-        db.add_verdict("copies", t1, c1, verdict(t1, c1, 1.0))
-        db.add_verdict("copies", t2, same, verdict(t2, same, 1.0))
+        db.add_verdict("copies", t1, c1, verdict(t1, c1, 1.0), reward=0.0)
+        db.add_verdict("copies", t2, same, verdict(t2, same, 1.0), reward=0.0)
         assert [v.task_name for v in db.verdicts("copies")] == ["3_Softmax", "3_Softmax_again"]
 
 
@@ -105,7 +105,7 @@ def test_a_judge_failure_is_a_row_until_a_verdict_replaces_it(tmp_path):
     with ResultsDB(tmp_path / "r.sqlite") as db:
         db.open_run("r", spec="s", device="cpu", settings_digest="d", info={})
         (t1, c1), (t2, c2) = make("a"), make("b", level=2)
-        db.add_verdict("r", t1, c1, verdict(t1, c1, 1.0))
+        db.add_verdict("r", t1, c1, verdict(t1, c1, 1.0), reward=0.0)
         rec = db.add_failure("r", t2, c2, "baseline", "task t_b: eager baseline failed: boom")
         assert not rec.correct and rec.solution == "/sol/b"
         records = db.records("r")
@@ -114,7 +114,7 @@ def test_a_judge_failure_is_a_row_until_a_verdict_replaces_it(tmp_path):
         assert db.finished("r") == {(t1.id, t1.name, c1.hash)}, "a failed pair is tried again on resume"
         assert db.candidate(c2.hash) == c2, "the source of a pair not judged is kept for the report"
         assert db.run_counts()[0][1:] == (1, 1)
-        db.add_verdict("r", t2, c2, verdict(t2, c2, 0.5))
+        db.add_verdict("r", t2, c2, verdict(t2, c2, 0.5), reward=0.0)
         assert db.failures("r") == [] and len(db.verdicts("r")) == 2
 
 

@@ -413,12 +413,12 @@ def test_binary_allow_list_and_vendor_per_task():
 def test_vendor_allowance_learnt_from_the_reference():
     """The judge runs each task's reference once (meta device) and allows vendor GEMMs/convolutions
     only where the reference has them."""
-    from cuda_agent.judge.harness import _Reference, _reference_ops
+    from cuda_agent.judge.reference import Reference, reference_ops
     from cuda_agent.tasks import Task
 
     def allowance(source: str) -> frozenset[str]:
         task = Task.from_source(source, name="t")
-        return policy.vendor_allowance(_reference_ops(_Reference(task), "cpu"))
+        return policy.vendor_allowance(reference_ops(Reference(task), "cpu"))
 
     head = "import torch\nimport torch.nn as nn\n"
     inputs = "def get_init_inputs():\n    return []\n"
@@ -456,7 +456,7 @@ def test_spare_workers_are_kept_under_distinct_uids_and_used(tmp_path):
         after = judge.standby_pids()
         assert len(after) == 2 and len(before & after) == 1  # the oldest was used, one new started
         if judge.uid is not None:
-            uids = [proc.spec.uid for proc, _ in judge._spares]  # the uid each was given
+            uids = [proc.spec.uid for proc, _ in judge.supply.spares]  # the uid each was given
             assert len(set(uids)) == 2 and set(uids) <= judge.sandbox_uids()
     assert not any(os.path.exists(f"/proc/{pid}") for pid in after)
 

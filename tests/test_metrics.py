@@ -26,15 +26,15 @@ def test_table_per_level_and_overall():
     l1, l2 = table.levels
     assert (l1.label, l1.n, l1.n_correct) == ("level 1", 3, 2)
     assert l1.pass_rate == pytest.approx(2 / 3)
-    assert l1.faster_than_eager_rate == pytest.approx(1 / 3)
-    assert l1.faster_than_compile_rate == pytest.approx(1 / 3)
+    assert l1.beats_eager_rate == pytest.approx(1 / 3)
+    assert l1.beats_compile_rate == pytest.approx(1 / 3)
     # failures enter the geomean as 1.0: (2.0 * 0.5 * 1.0) ** (1/3) = 1.0
     assert l1.geomean_speedup_vs_eager == pytest.approx(1.0)
     assert l1.geomean_speedup_vs_compile == pytest.approx((1.5 * 0.4) ** (1 / 3))
     assert l1.geomean_speedup_vs_eager_correct == pytest.approx(1.0)
     assert l1.geomean_speedup_vs_compile_correct == pytest.approx(math.sqrt(0.6))
     # a speed-up of exactly 1.0 is not "faster"
-    assert l2.faster_than_compile_rate == 0.0 and l2.faster_than_eager_rate == 1.0
+    assert l2.beats_compile_rate == 0.0 and l2.beats_eager_rate == 1.0
     overall = table.overall
     assert overall.n == 4 and overall.pass_rate == 0.75
     assert overall.geomean_speedup_vs_eager == pytest.approx((2.0 * 0.5 * 1.0 * 4.0) ** 0.25)
@@ -51,7 +51,7 @@ def test_fast_p_follows_kernelbench():
 
 def test_without_a_compile_baseline_the_compile_columns_are_absent():
     m = metrics([ok(1, 2.0), failed(1, with_compile=False)])
-    assert m.faster_than_compile_rate is None and m.geomean_speedup_vs_compile is None
+    assert m.beats_compile_rate is None and m.geomean_speedup_vs_compile is None
     assert m.geomean_speedup_vs_eager == pytest.approx(math.sqrt(2.0))
 
 

@@ -15,6 +15,7 @@ from cuda_agent.judge import JudgeConfig, JudgeError
 from cuda_agent.judge.verdict import FailureCategory
 from cuda_agent.pool import Pool, PoolConfig, PoolError, PoolFull
 from cuda_agent.tasks import Task
+from cuda_agent.reward import reward_of
 
 TASK = '''
 import torch
@@ -97,7 +98,7 @@ def test_a_wedged_worker_is_replaced_and_the_candidate_times_out(config):
         hung = pool.submit(task(0), scripted("hang"))
         after = pool.submit(task(0), scripted(tag="after"))
         v = hung.result(timeout=120)
-        assert not v.correct and v.failure.category == FailureCategory.TIMEOUT and v.reward == -1
+        assert not v.correct and v.failure.category == FailureCategory.TIMEOUT and reward_of(v).value == -1
         assert "time limit" in v.failure.message
         w = after.result(timeout=120)
         assert w.correct, "the replacement worker judges the next candidate"

@@ -1,6 +1,6 @@
 """Compile workers, the agent's compile tool and the judge build the same thing: one plan
 (`cuda_agent.judge.buildplan`), checked here against the judge's own code paths. The static reading
-of load_inline calls agrees with what `Judge._serve_build` makes of the request the running module
+of load_inline calls agrees with what `CandidateBuilds.serve` makes of the request the running module
 sends; the workspace spec `Judge.evaluate` builds is the plan's; and a candidate built ahead (by
 `Judge.build` or a compile worker) is a build-cache hit for the judge."""
 
@@ -19,6 +19,8 @@ from cuda_agent.judge import Judge, JudgeConfig, Verdict
 from cuda_agent.judge import harness
 from cuda_agent.judge.build import workspace_spec
 from cuda_agent.judge.buildplan import plan_build, spec_from_request, workspace_slot
+from cuda_agent.judge.builds import CandidateBuilds
+from cuda_agent.judge.evaluation import Evaluation
 from cuda_agent.judge.worker import load_inline_request
 from cuda_agent.pool import Pool, PoolConfig
 from cuda_agent.pool.prebuild import build_plan_ahead
@@ -63,18 +65,17 @@ def header(path: Path) -> dict[str, str]:
 
 
 def _served_specs(judge: Judge, request: dict, monkeypatch) -> tuple[list, dict]:
-    """What `Judge._serve_build` does with a build request: the specs it hands to its build step
+    """What the judge's build service (`CandidateBuilds.serve`) does with a build request: the specs it hands to its build step
     (recorded, not compiled), and its answer to the candidate."""
     built = []
 
-    def record(self, spec, v):
+    def record(self, spec, ev):
         built.append(spec)
         raise harness._Stop(harness.FC.COMPILE, "recorded, not built")
 
-    monkeypatch.setattr(Judge, "_build", record)
-    v = Verdict(task_id="", task_name="", candidate_hash="", device=judge.device)
-    judge._build_failure = None
-    answer = judge._serve_build(request, None, v)
+    monkeypatch.setattr(CandidateBuilds, "build", record)
+    ev = Evaluation(kind="candidate", verdict=Verdict(task_id="", task_name="", candidate_hash="", device=judge.device))
+    answer = judge.builds.serve(request, None, ev)
     return built, answer
 
 
@@ -133,10 +134,10 @@ def test_evaluate_builds_the_plans_workspace_spec(path, cpu_judges, monkeypatch)
     judge = cpu_judges[policy]
     plan = plan_build(cand, "cpu", policy)
     built = []
-    monkeypatch.setattr(Judge, "_build", lambda self, spec, v: built.append(spec) or Path("/nonexistent"))
+    monkeypatch.setattr(CandidateBuilds, "build", lambda self, spec, ev: built.append(spec) or Path("/nonexistent"))
     v = Verdict(task_id="", task_name="", candidate_hash=cand.hash, device="cpu")
     try:
-        judge._build_workspace(cand, v)
+        judge.builds.workspace(cand, Evaluation(kind="candidate", verdict=v))
         refused = None
     except harness._Stop as stop:
         refused = stop.failure

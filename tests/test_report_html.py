@@ -15,6 +15,7 @@ from cuda_agent.candidate import Candidate
 from cuda_agent.db import ResultsDB
 from cuda_agent.judge.verdict import Failure, FailureCategory, Timing, Verdict
 from cuda_agent.report_html import render_report, write_report
+from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
 
 TASK = "import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\n" \
@@ -35,11 +36,9 @@ def add(db: ResultsDB, run: str, name: str, level: int, runtime_ms: float | None
                 compiled=True, eager=timing(2.0), compiled_ref=timing(1.6), compile_mode="default")
     if failure:
         v.failure = Failure(category=FailureCategory.MISMATCH, message=failure)
-        v.reward, v.reward_reason = -1.0, "incorrect or failed"
     else:
         v.correct, v.runtime = True, timing(runtime_ms)
-        v.reward, v.reward_reason = 3.0 if runtime_ms < 1.5 else 1.0, "scored"
-    db.add_verdict(run, task, cand, v)
+    db.add_verdict(run, task, cand, v, reward=reward_of(v).value)
 
 
 @pytest.fixture
@@ -71,10 +70,9 @@ def add_pairs(db: ResultsDB) -> None:
                     device_name="NVIDIA H200", compiled=True, eager=timing(2.0))
         if runtime_ms is None:
             v.failure = Failure(category=FailureCategory.MISMATCH, message="max abs error 3")
-            v.reward, v.reward_reason = -1.0, "incorrect or failed"
         else:
-            v.correct, v.runtime, v.reward, v.reward_reason = True, timing(runtime_ms), 2.0, "scored"
-        db.add_verdict("pairs", task, cand, v)
+            v.correct, v.runtime = True, timing(runtime_ms)
+        db.add_verdict("pairs", task, cand, v, reward=reward_of(v).value)
     broken = Task.from_source(TASK.format(name="broken"), name="5_Broken", level=1)
     db.add_failure("pairs", broken, Candidate.from_files("class ModelNew: pass\n# b\n", {}, origin="/s/5_Broken.py"),
                    "baseline", "task 5_Broken: eager baseline failed: worker setup failed: <RuntimeError>")

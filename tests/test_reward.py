@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cuda_agent.judge.verdict import Failure, FailureCategory, Timing, Verdict
-from cuda_agent.reward import Reward, RewardConfig, milestone_reward, reward_of
+from cuda_agent.reward import Reward, RewardConfig, milestone_reward, reward_of, rewarded_faster, scored_summary
 
 
 def timing(ms: float, source: str = "events") -> Timing:
@@ -151,7 +151,7 @@ def test_configurable_margins():
 
 
 def test_configurable_values():
-    cfg = RewardConfig(fail=-5.0, correct=0.5, faster_than_eager=0.75, faster_than_compile=10.0)
+    cfg = RewardConfig(fail=-5.0, correct=0.5, rewarded_faster_than_eager=0.75, rewarded_faster_than_compile=10.0)
     assert reward_of(verdict(compiled=False, correct=False), cfg).value == -5.0
     assert reward_of(verdict(policy=["x"]), cfg).value == -5.0
     assert reward_of(verdict(correct=False), cfg).value == -5.0
@@ -198,8 +198,7 @@ SUMMARY_KEYS = {"compiled", "correct", "policy_violations", "failure", "runtime_
 
 def test_summary_keys_and_values():
     v = verdict(runtime=2.0, eager=3.0, compiled_ref=4.0)
-    v = v.model_copy(update={"reward": reward_of(v).value, "reward_reason": reward_of(v).reason})
-    s = v.summary()
+    s = scored_summary(v)
     assert SUMMARY_KEYS <= set(s)
     assert s["compiled"] is True and s["correct"] is True
     assert s["policy_violations"] == [] and s["failure"] is None
@@ -215,7 +214,7 @@ def test_summary_keys_and_values():
 def test_summary_incorrect_has_no_speedups():
     v = verdict(correct=False, runtime=0.5, eager=3.0, compiled_ref=4.0,
                 failure=Failure(category=FailureCategory.MISMATCH, message="shape (2,) != (3,)"))
-    s = v.summary()
+    s = scored_summary(v)
     assert SUMMARY_KEYS <= set(s)
     assert s["speedup_vs_eager"] is None and s["speedup_vs_compile"] is None
     assert s["runtime_ms"] == 0.5  # the time is still reported, just not credited
@@ -239,3 +238,54 @@ def test_summary_is_json_serialisable():
 
     v = verdict(failure=Failure(category=FailureCategory.TIMING, message="inside < outside"))
     assert json.loads(json.dumps(v.summary()))["failure"]["category"] == "timing"
+
+
+# --- the judge measures, its readers score -------------------------------------------------------
+
+def test_the_verdict_and_the_judge_config_carry_no_reward():
+    from cuda_agent.judge import JudgeConfig
+
+    v = verdict(runtime=1.0, eager=2.0, compiled_ref=2.0)
+    assert not {"reward", "reward_reason"} & set(v.summary())
+    assert not {"reward", "reward_reason"} & set(type(v).model_fields)
+    assert "reward" not in JudgeConfig.model_fields
+    # a verdict stored before the reward left it still loads (its old reward is dropped, not trusted)
+    old = v.model_dump(mode="json") | {"reward": 3.0, "reward_reason": "old"}
+    assert type(v).model_validate(old) == v
+
+
+def test_the_two_thresholds_are_named_apart():
+    from cuda_agent.metrics import beats
+
+    # The benchmark's "beats eager": any speed-up above 1. The reward's "rewarded faster": 1 + margin.
+    assert beats(1.01) and not beats(1.0) and not beats(None)
+    assert not rewarded_faster(1.01, 0.05) and rewarded_faster(1.05, 0.05) and not rewarded_faster(None, 0.0)
+    assert rewarded_faster(1.0, 0.0) and not beats(1.0)   # margin 0: "at least as fast", still not "beats"
+
+
+def test_scoring_a_stored_verdict_again_under_another_margin():
+    v = verdict(runtime=1.0, eager=1.08, compiled_ref=1.08)
+    assert reward_of(v).value == 3
+    assert reward_of(v, RewardConfig(eager_margin=0.1, compile_margin=0.1)).value == 1
+    s = scored_summary(v, RewardConfig(compile_margin=0.1))
+    assert s["reward"] == 2 and s["reward_reason"] == "correct, 1.08x vs eager"
+
+
+def test_reward_config_refuses_unknown_fields():
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError):
+        RewardConfig(faster_than_eager=2.0)
+    with pytest.raises(pydantic.ValidationError):
+        RewardConfig(eager_margin=-0.1)
+
+
+def test_the_agent_ranks_verdicts_by_its_environments_reward():
+    from cuda_agent.agent.loop import AgentConfig, rank
+    from cuda_agent.reward import Reward
+
+    assert AgentConfig(reward={"compile_margin": 0.2}).reward.compile_margin == 0.2
+    v = verdict(runtime=1.0, eager=1.1, compiled_ref=1.1)
+    strict = reward_of(v, RewardConfig(eager_margin=0.2, compile_margin=0.2))
+    assert rank(v, reward_of(v)) > rank(v, strict) > rank(v, None)
+    assert rank(v, Reward(value=2.0, reason="x")) < rank(verdict(runtime=0.5, eager=1.1), Reward(value=2.0, reason="x"))

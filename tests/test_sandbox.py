@@ -22,6 +22,7 @@ import pytest
 
 from cuda_agent.judge import sandbox as sb
 from cuda_agent.judge.harness import _cpu_ns
+from cuda_agent.reward import reward_of
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="uid drop and namespaces need a root judge")
 
@@ -240,7 +241,7 @@ def test_incomplete_isolation_fails_the_verdict_as_the_judges_fault(tmp_path, mo
     monkeypatch.setattr(sb, "seccomp_mode", lambda pid: 0)
     with Judge(_config(tmp_path, spares=0)) as judge:
         v = judge.evaluate(task, cand)
-    assert not v.correct and v.reward == -1
+    assert not v.correct and reward_of(v).value == -1
     assert v.failure is not None and v.failure.category == FailureCategory.JUDGE
     assert "seccomp" in v.failure.message and "isolation" in v.failure.message
 

@@ -22,12 +22,16 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "cuda_agent"
 
 def test_file_then_overrides_then_flags(tmp_path):
     path = tmp_path / "judge.toml"
-    path.write_text('[judge]\nn_timed = 20\natol = 1e-3\n\n[judge.reward]\nfail = -3.0\n')
-    cfg = load(JudgeConfig, path, ["n_timed=30", "reward.correct=2", "policy=lenient"], section="judge",
+    path.write_text('[judge]\nn_timed = 20\natol = 1e-3\n')
+    cfg = load(JudgeConfig, path, ["n_timed=30", "policy=lenient"], section="judge",
                flags={"policy": "strict", "device": None})
     assert cfg.n_timed == 30 and cfg.atol == 1e-3                       # -c over the file
-    assert cfg.reward.fail == -3.0 and cfg.reward.correct == 2.0        # nested, from both
     assert cfg.policy == "strict" and cfg.device == JudgeConfig().device  # a given flag wins; None is unset
+    agent_path = tmp_path / "agent.toml"
+    agent_path.write_text('[agent]\nmax_turns = 20\n\n[agent.tools]\nobservation_chars = 3000\n')
+    agent = load(AgentConfig, agent_path, ["tools.profile_timeout_s=5", "reward.eager_margin=0.1"], section="agent")
+    assert agent.tools.observation_chars == 3000 and agent.tools.profile_timeout_s == 5.0   # nested, from both
+    assert agent.max_turns == 20 and agent.reward.eager_margin == 0.1
     json_path = tmp_path / "judge.json"
     json_path.write_text(json.dumps({"n_timed": 12}))                   # no section: the whole file
     assert load(JudgeConfig, json_path, section="judge").n_timed == 12
@@ -43,7 +47,7 @@ def test_override_values_are_typed():
 
 @pytest.mark.parametrize("override, needles", [
     ("nope=1", ["JudgeConfig has no field 'nope'", "valid fields:", "n_timed", "atol"]),
-    ("reward.nope=1", ["RewardConfig has no field 'nope'", "faster_than_eager"]),
+    ("reward.eager_margin=0.1", ["JudgeConfig has no field 'reward'"]),   # the judge does not score
     ("n_timed.x=1", ["n_timed is a single value"]),
     ("n_timed=many", ["n_timed", "valid integer", "'many'"]),
     ("atol", ["-c expects key=value"]),
@@ -205,3 +209,27 @@ def test_no_import_cycle_among_the_clis_or_within_synth():
     # over the whole graph, so that a cycle through another module counts too
     touching = [c for c in cycles(graph, set(graph)) if set(c) & (clis | synth)]
     assert touching == []
+
+
+def test_the_cli_routes_reward_settings_away_from_the_judge(tmp_path):
+    """`eval` and `bench` read a [reward] table and -c reward.* into RewardConfig, never the judge's."""
+    import typer
+
+    from cuda_agent.cli import build_config, build_configs
+
+    path = tmp_path / "settings.toml"
+    path.write_text('[judge]\nn_timed = 7\n\n[reward]\ncompile_margin = 0.2\n')
+    judge, reward = build_configs(path, ["reward.eager_margin=0.3", "atol=1e-3"], device="cpu")
+    assert judge.n_timed == 7 and judge.atol == 1e-3 and judge.device == "cpu"
+    assert reward.compile_margin == 0.2 and reward.eager_margin == 0.3
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps({"n_timed": 9, "reward": {"fail": -2}}))   # a flat file: the reward table is not the judge's
+    judge, reward = build_configs(flat, [])
+    assert judge.n_timed == 9 and reward.fail == -2
+    assert build_config(flat, []).n_timed == 9
+    old = tmp_path / "old.toml"
+    old.write_text('[judge]\nn_timed = 7\n\n[judge.reward]\nfail = -3.0\n')
+    for call in (lambda: build_configs(old, []), lambda: build_config(None, ["reward.fail=-2"])):
+        with pytest.raises(typer.Exit) as exit_:
+            call()
+        assert exit_.value.exit_code == 2

@@ -10,6 +10,7 @@ from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Judge, JudgeConfig
 from cuda_agent.suite import suite_solutions, suite_tasks
 from cuda_agent.tasks import Task
+from cuda_agent.reward import reward_of
 
 CUDA_TASKS = suite_tasks("cuda")
 CPU_TASKS = suite_tasks("cpu")
@@ -79,7 +80,7 @@ def _passes(device: str, name: str, judges) -> None:
     tasks, solutions = (CPU_TASKS, CPU_SOLUTIONS) if device == "cpu" else (CUDA_TASKS, CUDA_SOLUTIONS)
     task = next(t for t in tasks if t.name == name)
     v = judges(device).evaluate(task, Candidate.from_path(solutions[name]))
-    assert v.correct and v.reward >= 1 and not v.policy_violations, v.summary()
+    assert v.correct and reward_of(v).value >= 1 and not v.policy_violations, v.summary()
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from conftest import judge_cache_dir
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import FailureCategory, Judge, JudgeConfig, harness
 from cuda_agent.tasks import load_task_file
+from cuda_agent.reward import reward_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 N_TIMED = 4
@@ -59,4 +60,4 @@ def test_two_gross_rounds_fail_the_candidate_on_timing(judge, monkeypatch):
     v, rounds = _judge_with_gross_rounds(judge, monkeypatch, gross_rounds=2)
     assert len(rounds) == 2
     assert not v.correct and v.failure is not None and v.failure.category == FailureCategory.TIMING
-    assert v.reward == -1
+    assert reward_of(v).value == -1

@@ -34,6 +34,7 @@ from cuda_agent.metrics import MetricsTable, Outcome, metrics_table
 from cuda_agent.pool import Pool, PoolConfig, PoolError
 from cuda_agent.report import (console, message_summary, metrics_tables, solution_label, summary_lines,
                                verdict_table)
+from cuda_agent.reward import RewardConfig, reward_of
 from cuda_agent.tasks import Task, load_tasks
 
 # Fields that do not change what a verdict means: where files go and which uid sandboxes use.
@@ -132,10 +133,27 @@ def plan_bench(spec: str, solutions: Path | None, device: str, levels: list[int]
     return BenchPlan(spec=spec, tasks=tasks, items=items, missing=missing, unreadable=unreadable)
 
 
-def settings_digest(config: JudgeConfig) -> str:
-    """Identity of the judge settings that change what a verdict means (resume refuses others)."""
-    text = json.dumps(config.model_dump(mode="json", exclude=_UNSCORED_FIELDS), sort_keys=True)
+def settings_digest(config: JudgeConfig | dict) -> str:
+    """Identity of the judge settings that change what a verdict measures (resume refuses others).
+    The reward is not a judge setting: a run is scored under its latest reward settings. A dict is
+    a config as a run stored it (`info["config"]`); its `reward` table, where a run made before the
+    reward left the judge has one, is left out like the fields that do not change a verdict."""
+    values = config.model_dump(mode="json") if isinstance(config, JudgeConfig) else dict(config)
+    values = {k: v for k, v in values.items() if k not in _UNSCORED_FIELDS and k != "reward"}
+    text = json.dumps(values, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _restate_old_digest(db: ResultsDB, run_name: str, digest: str) -> None:
+    """A run stored before the reward left the judge's settings has a digest that covered the
+    reward: where its stored judge settings, read now, give this invocation's digest, they are the
+    same settings, and the run's digest is restated (so a valid run resumes)."""
+    run = db.run(run_name)
+    if run is None or run.settings_digest == digest:
+        return
+    stored = run.info.get("config")
+    if isinstance(stored, dict) and "reward" in stored and settings_digest(stored) == digest:
+        db.restate_settings_digest(run_name, run.settings_digest, digest)
 
 
 def default_run_name(spec: str, device: str) -> str:
@@ -150,11 +168,13 @@ def outcomes_of(records: list[StoredVerdict | StoredFailure], missing: list[Task
             + [Outcome.missing(t.level, t.id) for t in missing])
 
 
-def record_json(rec: StoredVerdict | StoredFailure) -> dict:
-    """One JSON line of `--out`: a verdict (its full JSON) or a judge failure, told apart by `record`."""
+def record_json(rec: StoredVerdict | StoredFailure, reward: RewardConfig = RewardConfig()) -> dict:
+    """One JSON line of `--out`: a verdict (its full JSON, and its reward under `reward`) or a judge
+    failure, told apart by `record`."""
     if isinstance(rec, StoredVerdict):
-        return {"record": "verdict"} | rec.verdict.model_dump(mode="json") | {"level": rec.level,
-                                                                              "solution": rec.solution}
+        r = reward_of(rec.verdict, reward)
+        return ({"record": "verdict"} | rec.verdict.model_dump(mode="json")
+                | {"level": rec.level, "solution": rec.solution, "reward": r.value, "reward_reason": r.reason})
     return {"record": "judge_failure", "task_id": rec.task_id, "task_name": rec.task_name,
             "candidate_hash": rec.candidate_hash, "solution": rec.solution, "level": rec.level,
             "compiled": None, "correct": False, "reward": None,
@@ -171,7 +191,13 @@ def judge_failure_counts(records: list) -> dict[str, int]:
 
 def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels: list[int] | None = None,
               out: Path | None = None, db_path: Path | None = None, run_name: str | None = None,
-              pool_config: PoolConfig | None = None, report: Path | None = None, count_missing: bool = False) -> BenchResult:
+              pool_config: PoolConfig | None = None, report: Path | None = None, count_missing: bool = False,
+              reward: RewardConfig | None = None) -> BenchResult:
+    """Judge the plan's pairs into the run `run_name` (resuming it when it exists) and print the
+    tables. `reward`: how the run's verdicts are scored (the table, the report, the database's
+    reward column); it is recorded as the run's reward settings and is free to change between
+    invocations of a run, unlike the judge's settings (`settings_digest`)."""
+    reward = reward or RewardConfig()
     if not console.is_terminal and console.width < 160:
         console.width = 160  # a redirected run is read in a file or a log: do not cut columns to 80
     plan = plan_bench(spec, solutions, config.device, levels)
@@ -179,13 +205,16 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
     db = ResultsDB(db_path)
     try:
         run_name = run_name or default_run_name(plan.spec, config.device)
+        digest = settings_digest(config)
+        _restate_old_digest(db, run_name, digest)
         run, created = db.open_run(run_name, spec=plan.spec, device=config.device,
-                                   settings_digest=settings_digest(config),
+                                   settings_digest=digest,
                                    info={"config": json.loads(config.model_dump_json()), "levels": levels,
                                          "solutions": str(solutions) if solutions else "bundled",
                                          "argv": sys.argv[1:], "started": time.time()})
         # What the report needs to count unsolved tasks later, as of this invocation.
-        db.update_run_info(run_name, missing=[{"name": t.name, "level": t.level, "id": t.id} for t in plan.missing])
+        db.update_run_info(run_name, missing=[{"name": t.name, "level": t.level, "id": t.id} for t in plan.missing],
+                           reward=reward.model_dump(mode="json"))
         done = db.finished(run_name)
         todo = [it for it in plan.items if (it.task.id, it.task.name, it.candidate.hash) not in done]
         already = len(plan.items) - len(todo)
@@ -202,14 +231,14 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
             pc = pool_config or PoolConfig()
             pc = pc.model_copy(update={"baseline_db": pc.baseline_db or db_path})
             with Pool(config, pc) as pool:
-                pool_error = _judge_all(pool, todo, db, run_name, counts)
+                pool_error = _judge_all(pool, todo, db, run_name, counts, reward)
         records = db.records(run_name)
     finally:
         db.close()
     order = {(t.id, t.name): i for i, t in enumerate(plan.tasks)}
     records.sort(key=lambda r: (order.get((r.task_id, r.task_name), len(order)), r.task_name))
     table = metrics_table(outcomes_of(records, plan.missing if count_missing else []))
-    console.print(verdict_table(records, f"{run_name}: {plan.spec} on {config.device}"))
+    console.print(verdict_table(records, f"{run_name}: {plan.spec} on {config.device}", reward))
     for t in metrics_tables(table, count_missing=count_missing, n_missing=len(plan.missing)):
         console.print(t)
     for line in summary_lines(table, judge_failure_counts(records)):
@@ -222,7 +251,7 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
                           f"{message_summary(r.message, 160)}", soft_wrap=True)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(record_json(r)) + "\n" for r in records))
+        out.write_text("".join(json.dumps(record_json(r, reward)) + "\n" for r in records))
     if report is not None:
         from cuda_agent.report_html import write_report
 
@@ -241,7 +270,8 @@ def _pool_state(pool: Pool) -> PoolError:
     return PoolError("the pool shut down before this pair was judged")
 
 
-def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, counts: dict[str, int]) -> str | None:
+def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, counts: dict[str, int],
+               reward: RewardConfig) -> str | None:
     """Submit from a feeder thread (submit blocks when the pool's queue is full) and store each
     outcome from this thread the moment it arrives: a verdict, or a judge failure for a pair the
     judge or the pool could not judge. Returns why the pool broke, if it did (the pairs it left are
@@ -277,7 +307,7 @@ def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, 
                 except Exception as exc:  # JudgeError: the task's fault; PoolError: the pool's
                     error = exc
             if verdict is not None:
-                db.add_verdict(run_name, item.task, item.candidate, verdict)
+                db.add_verdict(run_name, item.task, item.candidate, verdict, reward=reward_of(verdict, reward).value)
                 counts["judged"] += 1
                 if verdict.correct:
                     passed += 1

@@ -27,27 +27,55 @@ CompileOpt = Annotated[Optional[str], typer.Option(
     "--compile-mode", help="torch.compile mode of the compiled baseline: default, reduce-overhead, "
                            "max-autotune, max-autotune-no-cudagraphs, or none to skip it")]
 ConfigOpt = Annotated[Optional[Path], typer.Option(
-    "--config", help="judge settings from a TOML or JSON file (fields of JudgeConfig)")]
+    "--config", help="settings from a TOML or JSON file: fields of JudgeConfig (its [judge] table, or the whole "
+                     "file) and, for the commands that score, a [reward] table of RewardConfig fields")]
 SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "-c", "--set", help="override one JudgeConfig field, e.g. -c atol=1e-3 -c n_timed=50 "
-                        "(nested: -c reward.fail=-2)")]
+    "-c", "--set", help="override one JudgeConfig field, e.g. -c atol=1e-3 -c n_timed=50; on eval and bench "
+                        "also a RewardConfig field: -c reward.eager_margin=0.1")]
 
 
 def _fail(message: str, code: int = EXIT_JUDGE) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    from rich.markup import escape
+
+    err.print(f"[red]error:[/red] {escape(message)}")  # a message is text, never markup ("[reward]")
     raise typer.Exit(code)
 
 
 def build_config(config: Optional[Path], sets: Optional[list[str]], **flags):
     """The judge's settings: the file (its [judge] table, or all of it), then -c, then the flags;
     any mistake in them is a usage error (exit 2) that says what is wrong."""
+    return build_configs(config, sets, scores=False, **flags)[0]
+
+
+def build_configs(config: Optional[Path], sets: Optional[list[str]], *, scores: bool = True, **flags):
+    """The judge's settings and, for a command that scores verdicts (`scores`), the reward's: the
+    file's [reward] table and the `-c reward.FIELD=value` items go to RewardConfig, the rest to
+    the judge as in `build_config`. The judge never sees the reward: a verdict measures, its
+    reader scores."""
     from cuda_agent.judge import JudgeConfig
-    from cuda_agent.settings import SettingsError, load
+    from cuda_agent.reward import RewardConfig
+    from cuda_agent.settings import SettingsError, apply_overrides, read_file, split_overrides, validate
 
     try:
-        return load(JudgeConfig, config, sets or [], section="judge", flags=flags, what="judge settings")
+        routed = split_overrides(sets, ("reward",) if scores else (), default="judge")
+        values = read_file(config)
+        sectioned = isinstance(values.get("judge"), dict)
+        # A file may hold several commands' settings: the reward's table is never the judge's.
+        judge_part = dict(values["judge"]) if sectioned else {k: v for k, v in values.items() if k != "reward"}
+        if "reward" in judge_part:
+            raise SettingsError(f"{config}: the reward is not a judge setting (the judge only measures); move "
+                                f"[judge.reward] to a top-level [reward] table")
+        reward_part = values.get("reward", {})
+        if not isinstance(reward_part, dict):
+            raise SettingsError(f"{config}: reward must be a table of RewardConfig fields")
+        judge_values = apply_overrides(judge_part, routed["judge"], JudgeConfig)
+        judge_values.update({k: v for k, v in flags.items() if v is not None})
+        judge = validate(JudgeConfig, judge_values, "judge settings")
+        reward = (validate(RewardConfig, apply_overrides(reward_part, routed["reward"], RewardConfig),
+                           "reward settings") if scores else None)
     except SettingsError as exc:
         _fail(str(exc), 2)
+    return judge, reward
 
 
 @app.command("eval")
@@ -67,7 +95,7 @@ def eval_cmd(
     from cuda_agent.judge import Judge, JudgeError
     from cuda_agent.tasks import TaskError, load_task_file
 
-    cfg = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
+    cfg, reward = build_configs(config, set_, device=device, policy=policy, compile_mode=compile_mode)
     try:
         t = load_task_file(task)
     except TaskError as exc:
@@ -81,13 +109,16 @@ def eval_cmd(
             verdict = judge.evaluate(t, cand)
     except JudgeError as exc:
         _fail(str(exc))
+    from cuda_agent.reward import reward_of, scored_summary
+
     if as_json:
-        out = verdict.model_dump(mode="json") | verdict.summary() if full else verdict.summary()
+        summary = scored_summary(verdict, reward)
+        out = verdict.model_dump(mode="json") | summary if full else summary
         sys.stdout.write(json.dumps(out, indent=None if not full else 1) + "\n")
     else:
         from cuda_agent.report import print_verdict
 
-        print_verdict(verdict)
+        print_verdict(verdict, reward_of(verdict, reward))
 
 
 @app.command("bench")
@@ -130,14 +161,14 @@ def bench_cmd(
     from cuda_agent.pool import PoolConfig, PoolError
     from cuda_agent.tasks import TaskError
 
-    cfg = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
+    cfg, reward = build_configs(config, set_, device=device, policy=policy, compile_mode=compile_mode)
     try:
         pool_config = PoolConfig(judge_workers=workers, compile_workers=compile_workers, time_limit_s=time_limit)
     except ValidationError as exc:
         _fail(f"invalid pool settings:\n{exc}", 2)
     try:
         result = run_bench(tasks, solutions, cfg, levels=level, out=out, db_path=db, run_name=run,
-                           pool_config=pool_config, report=report, count_missing=count_missing)
+                           pool_config=pool_config, report=report, count_missing=count_missing, reward=reward)
     except (TaskError, JudgeError, PoolError, DBError, FileNotFoundError) as exc:
         _fail(str(exc))
     if result.pool_error:  # the table and files are written; the pairs it left are recorded, to resume

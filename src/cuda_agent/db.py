@@ -19,7 +19,11 @@ is a row of `judge_failures`, with a category and the message; it is not a verdi
 run tries that pair again, and a verdict reached later replaces the failure.
 
 A run records the judge settings it was made with (`settings_digest`); resuming it with other
-settings is refused, because the verdicts would not be comparable.
+settings is refused, because the verdicts would not be comparable. The reward is not among them:
+verdicts hold measurements, and a run is scored under the reward settings of its latest invocation
+(`RunInfo.reward`), so a changed reward margin re-scores a run instead of refusing to resume it.
+The `reward` column of `verdicts` is the reward the verdict had when it was stored, for queries
+in SQL; readers score the stored verdict again under the run's reward settings.
 
 Schema versions: 1 keyed verdicts by (run, task id, candidate hash) and had no `judge_failures`;
 opening a version-1 file migrates it in place (one transaction) to version 2.
@@ -39,6 +43,7 @@ from pydantic import BaseModel, Field
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge.baselines import Baseline, BaselineKey
 from cuda_agent.judge.verdict import Verdict
+from cuda_agent.reward import RewardConfig
 from cuda_agent.tasks import Task
 
 SCHEMA_VERSION = 2
@@ -128,6 +133,16 @@ class RunInfo(BaseModel):
     device: str
     settings_digest: str
     info: dict = Field(default_factory=dict)
+
+    def reward(self) -> RewardConfig:
+        """How this run scores its verdicts: the reward settings its latest invocation recorded
+        (`info["reward"]`; runs made before the reward left the judge kept it in the judge's config)."""
+        stored = self.info.get("reward")
+        if stored is None:
+            stored = (self.info.get("config") or {}).get("reward") or {}
+        old_names = {"faster_than_eager": "rewarded_faster_than_eager",
+                     "faster_than_compile": "rewarded_faster_than_compile"}
+        return RewardConfig.model_validate({old_names.get(k, k): v for k, v in stored.items()})
 
 
 class _StoredPair(BaseModel):
@@ -276,6 +291,12 @@ class ResultsDB:
             self._conn.execute("UPDATE runs SET info=? WHERE name=?",
                                (json.dumps(run.info | fields, default=str), name))
 
+    def restate_settings_digest(self, name: str, old: str, new: str) -> None:
+        """Replace a run's settings digest `old` by `new`, for a caller that has shown both name
+        the same judge settings (a digest computed before a field left the settings)."""
+        with self._lock, self._conn:
+            self._conn.execute("UPDATE runs SET settings_digest=? WHERE name=? AND settings_digest=?", (new, name, old))
+
     def run(self, name: str) -> RunInfo | None:
         with self._lock:
             return self._run(name)
@@ -307,16 +328,17 @@ class ResultsDB:
             (candidate.hash, candidate.kind, candidate.origin, candidate.model_new,
              json.dumps([list(k) for k in candidate.kernels])))
 
-    def add_verdict(self, run: str, task: Task, candidate: Candidate, verdict: Verdict) -> None:
+    def add_verdict(self, run: str, task: Task, candidate: Candidate, verdict: Verdict, *, reward: float) -> None:
         """Store a verdict and its candidate's source in one transaction, committed on return; a
-        judge failure recorded earlier for the same pair is replaced by it."""
+        judge failure recorded earlier for the same pair is replaced by it. `reward`: the verdict's
+        reward under the run's reward settings now (the `reward` column; see the module docstring)."""
         failure = verdict.failure.category.value if verdict.failure else None
         with self._lock, self._conn:
             self._store_candidate(candidate)
             self._conn.execute(
                 "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run, task.id, candidate.hash, task.name, task.group, task.origin, task.level,
-                 int(verdict.compiled), int(verdict.correct), verdict.reward, failure, verdict.runtime_ms,
+                 int(verdict.compiled), int(verdict.correct), float(reward), failure, verdict.runtime_ms,
                  verdict.eager_ms, verdict.compile_ms, verdict.speedup_vs_eager, verdict.speedup_vs_compile,
                  verdict.judge_s, time.time(), verdict.model_dump_json(), candidate.origin))
             self._conn.execute("DELETE FROM judge_failures WHERE run=? AND task_id=? AND task_name=? AND "

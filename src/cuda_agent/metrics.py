@@ -15,7 +15,9 @@ outcome the two tables are the same and `best_of` is None.
 Per level and overall, over the outcomes counted:
 
 * pass rate: correct / counted;
-* faster-than-eager rate and faster-than-compile rate: correct and speed-up > 1 / counted;
+* beats-eager rate and beats-compile rate (the tables' "faster than" columns): correct and
+  speed-up > 1 / counted (`beats`). Not the reward's "rewarded faster", which needs a margin
+  (`cuda_agent.reward.rewarded_faster`);
 * geometric-mean speed-up vs eager and vs torch.compile over *all* counted tasks, a task that
   failed (or has no solution) entering with speed-up 1.0: the reference implementation is what a
   user would run in its place. This keeps a model that is often wrong from scoring a high geomean
@@ -90,8 +92,8 @@ class Metrics(BaseModel):
     n_correct: int
     n_judge_errors: int = 0                           # counted in n as not correct; no verdict
     pass_rate: float
-    faster_than_eager_rate: float
-    faster_than_compile_rate: float | None
+    beats_eager_rate: float
+    beats_compile_rate: float | None
     geomean_speedup_vs_eager: float | None
     geomean_speedup_vs_compile: float | None
     geomean_speedup_vs_eager_correct: float | None    # over correct tasks only
@@ -110,6 +112,11 @@ class MetricsTable(BaseModel):
     n_tasks: int = 0        # distinct tasks among the outcomes
     best_of_levels: list[Metrics] | None = None   # one outcome per task, its best candidate; None when
     best_of_overall: Metrics | None = None        # every task has one outcome (the same numbers)
+
+
+def beats(speedup: float | None) -> bool:
+    """The benchmark's threshold: any speed-up above 1.0 (the reward's is `1 + margin`)."""
+    return speedup is not None and speedup > 1.0
 
 
 def geomean(xs: Iterable[float]) -> float | None:
@@ -141,8 +148,8 @@ def metrics(outcomes: Sequence[Outcome], label: str = "overall") -> Metrics:
     return Metrics(
         label=label, n=n, n_correct=len(correct), n_judge_errors=sum(o.judge_error for o in outcomes),
         pass_rate=rate(len(correct)),
-        faster_than_eager_rate=rate(sum((o.speedup_vs_eager or 0) > 1.0 for o in correct)),
-        faster_than_compile_rate=rate(sum((o.speedup_vs_compile or 0) > 1.0 for o in correct)) if with_compile else None,
+        beats_eager_rate=rate(sum(beats(o.speedup_vs_eager) for o in correct)),
+        beats_compile_rate=rate(sum(beats(o.speedup_vs_compile) for o in correct)) if with_compile else None,
         geomean_speedup_vs_eager=geomean(speed(o, "speedup_vs_eager") for o in outcomes) if n else None,
         geomean_speedup_vs_compile=(geomean(speed(o, "speedup_vs_compile") for o in outcomes)
                                     if n and with_compile else None),

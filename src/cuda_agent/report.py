@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cuda_agent.judge.verdict import Verdict
+from cuda_agent.reward import Reward, RewardConfig, reward_of
 
 console = Console()
 
@@ -22,9 +23,11 @@ def fmt_x(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def print_verdict(v: Verdict) -> None:
+def print_verdict(v: Verdict, reward: Reward) -> None:
+    """A verdict and its reward (scored by the caller: the judge does not score)."""
     status = "[green]correct[/green]" if v.correct else "[red]rejected[/red]"
-    console.print(f"[bold]{v.task_name}[/bold] ({v.device}: {v.device_name}) {status}  reward {v.reward:g}: {v.reward_reason}")
+    console.print(f"[bold]{v.task_name}[/bold] ({v.device}: {v.device_name}) {status}  reward {reward.value:g}: "
+                  f"{reward.reason}")
     if v.failure:
         console.print(f"[red]{v.failure.category.value}[/red]: {v.failure.message}")
     for p in v.policy_violations[:10]:
@@ -80,9 +83,10 @@ def solution_label(origin: str) -> str:
     return Path(origin.rstrip("/")).name if origin else "-"
 
 
-def verdict_table(records: list, title: str) -> Table:
+def verdict_table(records: list, title: str, reward: RewardConfig = RewardConfig()) -> Table:
     """One row per (task, candidate) pair: `records` are `StoredVerdict`s (a verdict with its task's
-    level) and `StoredFailure`s (a pair the judge could not judge, shown with its category)."""
+    level) and `StoredFailure`s (a pair the judge could not judge, shown with its category). Each
+    verdict is scored here, under `reward`."""
     table = Table(title=title)
     for col in ("task", "solution", "level", "compiled", "correct", "runtime ms", "eager ms", "compile ms",
                 "vs eager", "vs compile", "of SOL", "reward", "failure"):
@@ -98,7 +102,7 @@ def verdict_table(records: list, title: str) -> Table:
         table.add_row(v.task_name, solution, level, "yes" if v.compiled else "no",
                       "[green]yes[/green]" if v.correct else "[red]no[/red]", fmt_ms(v.runtime_ms), fmt_ms(v.eager_ms),
                       fmt_ms(v.compile_ms), fmt_x(v.speedup_vs_eager), fmt_x(v.speedup_vs_compile), fmt_pct(v.sol_share),
-                      f"{v.reward:g}",
+                      f"{reward_of(v, reward).value:g}",
                       (v.failure.category.value + ": " + message_summary(v.failure.message)) if v.failure else "")
     return table
 
@@ -132,8 +136,8 @@ def metrics_tables(table, *, count_missing: bool = False, n_missing: int = 0) ->
                     "vs compile (correct only)", "of SOL (eager)"):
             t1.add_column(col, justify="left" if not col else "right")
         for m in rows:
-            t1.add_row(m.label, str(m.n), fmt_pct(m.pass_rate), str(m.n_judge_errors), fmt_pct(m.faster_than_eager_rate),
-                       fmt_pct(m.faster_than_compile_rate), fmt_x(m.geomean_speedup_vs_eager),
+            t1.add_row(m.label, str(m.n), fmt_pct(m.pass_rate), str(m.n_judge_errors), fmt_pct(m.beats_eager_rate),
+                       fmt_pct(m.beats_compile_rate), fmt_x(m.geomean_speedup_vs_eager),
                        fmt_x(m.geomean_speedup_vs_compile), fmt_x(m.geomean_speedup_vs_eager_correct),
                        fmt_x(m.geomean_speedup_vs_compile_correct), fmt_sol_pair(m),
                        style="bold" if m.label == "overall" else None)
@@ -155,8 +159,8 @@ def summary_lines(table, judge_failures: dict[str, int] | None = None) -> list[s
         return ["no tasks judged"]
     lines = [
         f"pass rate {m.n_correct}/{m.n} ({100 * m.pass_rate:.1f}%) of (task, candidate) pairs, "
-        f"faster than eager {fmt_pct(m.faster_than_eager_rate)}, "
-        f"faster than torch.compile {fmt_pct(m.faster_than_compile_rate)}",
+        f"faster than eager {fmt_pct(m.beats_eager_rate)}, "
+        f"faster than torch.compile {fmt_pct(m.beats_compile_rate)}",
         f"geomean speed-up (failures as 1.0x): {fmt_x(m.geomean_speedup_vs_eager)} vs eager, "
         f"{fmt_x(m.geomean_speedup_vs_compile)} vs torch.compile",
     ]

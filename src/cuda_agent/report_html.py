@@ -25,6 +25,7 @@ from cuda_agent.db import ResultsDB, RunInfo, StoredFailure, StoredVerdict
 from cuda_agent.metrics import (COUNTING_NOTE, FAST_P, GEOMEAN_NOTE, MetricsTable, Outcome, fast_p_key,
                                metrics_table)
 from cuda_agent.report import fmt_ms, fmt_pct, fmt_x, solution_label
+from cuda_agent.reward import RewardConfig, reward_of
 
 TEMPLATE = "report.html.j2"
 
@@ -91,7 +92,8 @@ def load_run(db: ResultsDB, name: str, *, count_missing: bool = False) -> RunVie
         raise KeyError(f"no run named {name!r} in {db.path} (runs: {known})")
     stored = db.records(name)
     stored.sort(key=lambda v: (v.level is None, v.level or 0, _natural(v.task_name), v.solution))
-    rows = [_row(db, v) for v in stored]
+    reward = info.reward()
+    rows = [_row(db, v, reward) for v in stored]
     missing = info.info.get("missing") or []
     outcomes = [Outcome.of(v.verdict, v.level, v.task_id) if isinstance(v, StoredVerdict)
                 else Outcome.unjudged(v.level, v.task_id) for v in stored]
@@ -116,7 +118,8 @@ def _natural(name: str) -> tuple:
     return (int(head), name) if head.isdigit() else (1 << 30, name)
 
 
-def _row(db: ResultsDB, sv: StoredVerdict | StoredFailure) -> TaskRow:
+def _row(db: ResultsDB, sv: StoredVerdict | StoredFailure, reward: RewardConfig) -> TaskRow:
+    """One pair of a run; a verdict is scored under the run's reward settings (`reward`)."""
     cand = db.candidate(sv.candidate_hash)
     sources: list[tuple[str, str]] = []
     origin = sv.solution
@@ -138,12 +141,13 @@ def _row(db: ResultsDB, sv: StoredVerdict | StoredFailure) -> TaskRow:
         sol_ms=sol.sol_ms, sol_bound=sol.bound, sol_gpu=sol.gpu_model, sol_note=sol.reason,
         flops=float(sol.work.flops), dram_bytes=float(sol.work.dram_bytes), sol_share=v.sol_share,
         eager_sol_share=v.eager_sol_share, compile_sol_share=v.compile_sol_share)
-    return TaskRow(**sol_fields,task_id=sv.task_id, name=sv.task_name, level=sv.level,
+    r = reward_of(v, reward)
+    return TaskRow(**sol_fields, task_id=sv.task_id, name=sv.task_name, level=sv.level,
                    status="correct" if v.correct else (v.failure.category.value if v.failure else "incorrect"),
                    correct=v.correct, solution=solution_label(origin), runtime_ms=v.runtime_ms, eager_ms=v.eager_ms,
                    compile_ms=v.compile_ms, speedup_vs_eager=v.speedup_vs_eager,
-                   speedup_vs_compile=v.speedup_vs_compile, reward=v.reward,
-                   reward_reason=v.reward_reason, build_s=v.build_s, judge_s=v.judge_s,
+                   speedup_vs_compile=v.speedup_vs_compile, reward=r.value,
+                   reward_reason=r.reason, build_s=v.build_s, judge_s=v.judge_s,
                    message=v.failure.message if v.failure else "", notes=v.task_warnings + v.notes,
                    candidate_hash=sv.candidate_hash, origin=origin, sources=sources)
 
@@ -316,7 +320,9 @@ def render_report(db: ResultsDB, runs: list[str], *, count_missing: bool = False
         "judging GPU (its least DRAM traffic and FLOPs at the GPU's peaks), geomean over the correct pairs with "
         "a bound; eager on the same pairs in brackets.",
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), db=str(db.path),
-        settings={v.info.name: json.dumps(v.info.info.get("config", {}), indent=1) for v in views})
+        settings={v.info.name: json.dumps({"judge": v.info.info.get("config", {}),
+                                           "reward": v.info.reward().model_dump(mode="json")}, indent=1)
+                  for v in views})
 
 
 def write_report(db_path: Path, runs: list[str], out: Path, *, count_missing: bool = False) -> Path:

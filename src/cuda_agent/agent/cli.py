@@ -118,7 +118,7 @@ def _line(s: dict) -> str:
     "[model: ...]" would otherwise be read as a markup tag and vanish)."""
     best = s.get("best")
     what = "no correct candidate" if not best else (
-        f"reward {best['reward']:g}, {fmt_x(best['speedup_vs_eager'])} vs eager, {fmt_x(best['speedup_vs_compile'])} "
+        f"reward {'-' if best.get('reward') is None else format(best['reward'], 'g')}, {fmt_x(best['speedup_vs_eager'])} vs eager, {fmt_x(best['speedup_vs_compile'])} "
         "vs torch.compile")
     resumed = " (finished earlier)" if s.get("resumed") else ""
     line = f"{escape(str(s['task']))}: {s['termination']} after {s.get('turns', '?')} turns{resumed}; {what}"

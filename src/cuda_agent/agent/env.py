@@ -18,6 +18,7 @@ from typing import Protocol
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Verdict
 from cuda_agent.llm import ToolCall
+from cuda_agent.reward import Reward
 from cuda_agent.tasks import Task
 
 
@@ -34,6 +35,7 @@ class StepResult:
     ok: bool = True                     # False: refused, failed, or the candidate was rejected
     verdict: Verdict | None = None      # set when the judge ran
     candidate: Candidate | None = None  # the candidate that verdict is about
+    reward: Reward | None = None        # the verdict scored by the environment's RewardConfig
     terminated: bool = False            # the episode reached its end state (a correct submission)
     truncated: bool = False             # the environment cut the episode short
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Verdict
 from cuda_agent.llm import TOOL_BLOCK, ContextLengthError, ModelClient, ModelReply, ProviderError
+from cuda_agent.reward import Reward, RewardConfig
 
 from .env import Environment
 from .outcome import (EndRun, InternalError, Interrupted, Outcome, RolloutError, Terminal, Termination, Truncation,
@@ -48,6 +49,8 @@ class AgentConfig(BaseModel):
     repeat_warn: int = Field(3, ge=2, description="identical consecutive steps before the model is warned")
     repeat_limit: int = Field(6, ge=2, description="identical consecutive steps that end the run")
     tools: ToolConfig = Field(default_factory=ToolConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig,
+                                 description="how the environment scores verdicts (the judge only measures)")
 
 
 RESULT_VERSION = 2  # result.json / end event: 2 added terminated, truncated, error (kind, retryable)
@@ -64,6 +67,7 @@ class AgentResult:
     seconds: float
     best: Candidate | None = None           # the best candidate the judge found correct
     best_verdict: Verdict | None = None
+    best_reward: Reward | None = None       # best_verdict scored by the environment
 
     @property
     def termination(self) -> Termination:
@@ -78,23 +82,26 @@ class AgentResult:
         return self.outcome.terminated is Terminal.SUBMITTED
 
     def summary(self) -> dict:
-        v = self.best_verdict
+        v, r = self.best_verdict, self.best_reward
         return {
             "task": self.task_name, "task_id": self.task_id, "version": RESULT_VERSION, **self.outcome.record(),
             "turns": self.turns, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens, "seconds": round(self.seconds, 2),
             "solved": v is not None,
             "best": None if v is None else {
-                "candidate_hash": v.candidate_hash, "reward": v.reward, "reward_reason": v.reward_reason,
+                "candidate_hash": v.candidate_hash, "reward": r.value if r else None,
+                "reward_reason": r.reason if r else None,
                 "runtime_ms": v.runtime_ms, "eager_ms": v.eager_ms, "compile_ms": v.compile_ms,
                 "speedup_vs_eager": v.speedup_vs_eager, "speedup_vs_compile": v.speedup_vs_compile,
                 "device_name": v.device_name},
         }
 
 
-def rank(v: Verdict) -> tuple:
-    """Order of correct verdicts: reward first, then speed-up vs compile, then vs eager."""
-    return (v.reward, v.speedup_vs_compile or 0.0, v.speedup_vs_eager or 0.0)
+def rank(v: Verdict, reward: Reward | None) -> tuple:
+    """Order of correct verdicts: reward first (as the environment scored it), then speed-up vs
+    compile, then vs eager."""
+    return (reward.value if reward is not None else float("-inf"), v.speedup_vs_compile or 0.0,
+            v.speedup_vs_eager or 0.0)
 
 
 SYSTEM = """You are an expert {role} engineer. You work in a workspace on disk, only through the tools.
@@ -138,7 +145,7 @@ class Agent:
         self.turn = 0      # the turn in progress
         self.replies = 0   # model replies received: the turns completed
         self.prompt_tokens = self.completion_tokens = 0
-        self.best: tuple[Candidate, Verdict] | None = None
+        self.best: tuple[Candidate, Verdict, Reward | None] | None = None
         self._chars_per_token = 3.5
         self._last_step: str | None = None
         self._repeats = 0
@@ -173,9 +180,9 @@ class Agent:
         except Exception as exc:  # a bug: the run still ends with a result and a complete trajectory
             outcome = Outcome.failed(InternalError("".join(
                 traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]))
-        cand, verdict = self.best or (None, None)
+        cand, verdict, reward = self.best or (None, None, None)
         result = AgentResult(task.id, task.name, outcome, self.replies, self.prompt_tokens,
-                             self.completion_tokens, time.monotonic() - t0, cand, verdict)
+                             self.completion_tokens, time.monotonic() - t0, cand, verdict, reward)
         self.trajectory.event("end", **result.summary())
         return result
 
@@ -214,8 +221,8 @@ class Agent:
                                   verdict=res.verdict.model_dump(mode="json") if res.verdict else None)
             results.append(res.observation)
             if res.verdict is not None and res.verdict.correct and res.candidate is not None:
-                if self.best is None or rank(res.verdict) > rank(self.best[1]):
-                    self.best = (res.candidate, res.verdict)
+                if self.best is None or rank(res.verdict, res.reward) > rank(self.best[1], self.best[2]):
+                    self.best = (res.candidate, res.verdict, res.reward)
             if res.terminated:
                 raise terminate(Terminal.SUBMITTED, "submitted a correct candidate")
             if res.truncated:

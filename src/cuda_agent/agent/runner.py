@@ -85,7 +85,7 @@ def _attempt(task: Task, out: Path, client: ModelClient, gate: JudgeGate, config
     for old in ("workspace", "best"):
         shutil.rmtree(out / old, ignore_errors=True)
     workspace = create_workspace(task, out / "workspace", gate.device)
-    toolbox = Toolbox(task, workspace, gate, config.tools)
+    toolbox = Toolbox(task, workspace, gate, config.tools, reward=config.reward)
     try:
         with Trajectory(out / "trajectory.jsonl") as trajectory:
             result = Agent(client, toolbox, config, trajectory, stop=stop).run()

@@ -40,6 +40,7 @@ from cuda_agent.judge.buildplan import BuildOutcome
 from cuda_agent.llm import ToolCall
 from cuda_agent.hardware import ncu
 from cuda_agent.report import fmt_pct, fmt_x
+from cuda_agent.reward import Reward, RewardConfig, reward_of
 from cuda_agent.tasks import Task
 
 from .env import Reset, StepResult
@@ -59,6 +60,7 @@ class Observation:
     verdict: Verdict | None = None      # set by verify/profile/submit
     candidate: Candidate | None = None  # the candidate that verdict is about
     submitted: bool = False
+    reward: Reward | None = None        # the verdict scored by the toolbox's RewardConfig
 
 
 _ERROR_LINE = re.compile(r"error|Error|ERROR|FAILED|Traceback|exception|Exception|undefined|fatal|warning")
@@ -136,7 +138,7 @@ class JudgeGate:
                 self._judge = None
 
 
-def verdict_text(v: Verdict, focus: Literal["verify", "profile", "submit"]) -> str:
+def verdict_text(v: Verdict, focus: Literal["verify", "profile", "submit"], reward: Reward) -> str:
     """A verdict as the model should see it: the failure first, then the numbers that matter."""
     lines = []
     if v.failure is not None:
@@ -162,7 +164,7 @@ def verdict_text(v: Verdict, focus: Literal["verify", "profile", "submit"]) -> s
         lines.append(f"speed-of-light {sol.sol_ms:.4f} ms on {sol.gpu_model} ({sol.bound}-bound: at least "
                      f"{w.dram_bytes / 1e6:.1f} MB through DRAM, {w.flops / 1e9:.2f} GFLOP): {mine}"
                      f"eager {fmt_pct(v.eager_sol_share)}")
-    lines.append(f"reward {v.reward:g} ({v.reward_reason})")
+    lines.append(f"reward {reward.value:g} ({reward.reason})")
     if focus != "verify":
         build = "-" if v.build_s is None else f"{v.build_s:.1f} s{' (cached)' if v.build_cached else ''}"
         phases = ", ".join(f"{k} {s:.1f} s" for k, s in v.phase_s.items() if s >= 0 and ":" not in k)
@@ -297,8 +299,11 @@ SHELL_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "CUDA_HOME", "CU
 class Toolbox:
     """One workspace, its tools, and the judge behind them."""
 
-    def __init__(self, task: Task, workspace: Path, gate: JudgeGate, config: ToolConfig | None = None):
+    def __init__(self, task: Task, workspace: Path, gate: JudgeGate, config: ToolConfig | None = None,
+                 reward: RewardConfig | None = None):
+        """`reward`: how this environment scores the judge's verdicts (the judge does not)."""
         self.task = task
+        self.reward = reward or RewardConfig()
         self.root = Path(workspace).resolve()
         self.gate = gate
         self.config = config or ToolConfig()
@@ -322,7 +327,7 @@ class Toolbox:
             except JudgeError as exc:
                 raise JudgeFailure(str(exc)) from exc
         return StepResult(observation=obs.text, ok=obs.ok, verdict=obs.verdict, candidate=obs.candidate,
-                          terminated=obs.submitted)
+                          reward=obs.reward, terminated=obs.submitted)
 
     # ------------------------------------------------------------------------------ dispatch
     def call(self, name: str, arguments: dict) -> Observation:
@@ -488,14 +493,16 @@ class Toolbox:
         seen = cand.hash in self._verdicts
         v = self._judge(cand, fresh=False)
         head = "verify (unchanged since the last judgement): " if seen else "verify: "
-        return Observation(head + verdict_text(v, "verify"), ok=v.correct, verdict=v, candidate=cand)
+        r = reward_of(v, self.reward)
+        return Observation(head + verdict_text(v, "verify", r), ok=v.correct, verdict=v, candidate=cand, reward=r)
 
     def _profile(self, a: Profile) -> Observation:
         if a.target == "reference":
             return self._profile_run([])
         cand = self.candidate()
         v = self._judge(cand, fresh=True)
-        text = "profile (judge's timing): " + verdict_text(v, "profile")
+        r = reward_of(v, self.reward)
+        text = "profile (judge's timing): " + verdict_text(v, "profile", r)
         if v.correct and self.gate.device == "cuda":
             report = self.gate.build(cand)
             if report.library is not None:
@@ -508,7 +515,7 @@ class Toolbox:
                     detail = self._profile_run(cand_args)
                     text += (f"\n\nper-kernel profile (torch.profiler, warm cache, no counters; Nsight Compute "
                              f"unavailable: {why}):\n" + detail.text)
-        return Observation(text, ok=v.correct, verdict=v, candidate=cand)
+        return Observation(text, ok=v.correct, verdict=v, candidate=cand, reward=r)
 
     def _ncu_run(self, cand_args: list[str], v: Verdict) -> tuple[str | None, str]:
         """The candidate's kernels under Nsight Compute: (summary, "") or (None, why not). ncu is
@@ -553,11 +560,13 @@ class Toolbox:
     def _submit(self, a: Submit) -> Observation:
         cand = self.candidate()
         v = self._judge(cand, fresh=False)
+        r = reward_of(v, self.reward)
         if v.correct:
-            return Observation("submitted: " + verdict_text(v, "submit"), verdict=v, candidate=cand, submitted=True)
+            return Observation("submitted: " + verdict_text(v, "submit", r), verdict=v, candidate=cand, submitted=True,
+                               reward=r)
         return Observation("submit refused, the workspace does not pass the judge (fix it, or end without "
-                           "submitting to keep the best verified version):\n" + verdict_text(v, "submit"),
-                           ok=False, verdict=v, candidate=cand)
+                           "submitting to keep the best verified version):\n" + verdict_text(v, "submit", r),
+                           ok=False, verdict=v, candidate=cand, reward=r)
 
 
 def _read_capped(fh, keep: int = 1 << 20) -> str:

@@ -87,3 +87,53 @@ class FileBaselineStore:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(baseline.model_dump_json())
         os.replace(tmp, path)
+
+
+class BaselineCache:
+    """The baselines one judge knows: those it measured or read this session, in memory, over a
+    `BaselineStore` that outlives it (read and written only when `persist`)."""
+
+    def __init__(self, store: BaselineStore, persist: bool = True):
+        self.store = store
+        self.persist = persist
+        self._known: dict[str, Baseline] = {}
+
+    def get(self, key: BaselineKey) -> Baseline | None:
+        digest = key.digest()
+        got = self._known.get(digest)
+        if got is None and self.persist:
+            got = self.store.get(key)
+            if got is not None:
+                self._known[digest] = got
+        return got
+
+    def put(self, key: BaselineKey, baseline: Baseline) -> None:
+        self._known[key.digest()] = baseline
+        if self.persist:
+            self.store.put(key, baseline)
+
+
+def baseline_source(mode: str, outputs: list) -> str:
+    """A trusted ModelNew for baseline runs: the reference itself (`eager`), torch.compile of it (a
+    compile mode), or a null model (`null`) that returns correctly shaped, uncomputed outputs.
+    `outputs`: (shape, dtype name) per output of the reference, None for non-tensor outputs."""
+    head = "import torch\nfrom model import Model\n\n"
+    if mode == "eager":
+        return head + "class ModelNew(Model):\n    pass\n"
+    if mode == "null":
+        shapes = [o for o in outputs if o is not None]
+        lines = ", ".join(f"torch.empty({shape!r}, dtype=torch.{dtype}, device=self.dev.device)"
+                          for shape, dtype in shapes)
+        ret = f"({lines},)" if len(shapes) != 1 else lines
+        return head + ("class ModelNew(torch.nn.Module):\n"
+                       "    def __init__(self, *args, **kwargs):\n"
+                       "        super().__init__()\n"
+                       "        self.dev = torch.nn.Parameter(torch.empty(0), requires_grad=False)\n"
+                       "    def forward(self, *inputs):\n"
+                       f"        return {ret}\n")
+    return head + ("class ModelNew(Model):\n"
+                   "    def __init__(self, *args, **kwargs):\n"
+                   "        super().__init__(*args, **kwargs)\n"
+                   f"        self.compiled = torch.compile(super().forward, mode={mode!r})\n"
+                   "    def forward(self, *inputs):\n"
+                   "        return self.compiled(*inputs)\n")

@@ -5,7 +5,7 @@ all, the static policy violations of its sources, and the `BuildSpec`s to compil
 build-folder name (slot). Everyone who builds "like the judge" asks this module:
 
 * the judge itself: `Judge.evaluate` plans, then builds each spec with `build_spec` (build, then
-  the library's imports checked); `Judge._serve_build` turns a candidate's `load_inline` request
+  the library's imports checked); `CandidateBuilds.serve` (builds.py) turns a candidate's `load_inline` request
   into a spec with `spec_from_request`; `Judge.build` is `build_planned` of its plan;
 * compile workers (`cuda_agent.pool.prebuild`), which carry out the same plan with
   `build_planned` into the content-addressed build cache ahead of the judge: the same spec is

@@ -1,4 +1,7 @@
-"""One typed config for the judge. Every field is documented; CLI flags override file values."""
+"""One typed config for the judge. Every field is documented; CLI flags override file values.
+
+Nothing here scores: the reward has its own config (`cuda_agent.reward.RewardConfig`), so judge
+settings describe only what a verdict measures."""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from cuda_agent.reward import RewardConfig
 
 
 def default_cache_dir() -> Path:
@@ -117,4 +118,3 @@ class JudgeConfig(BaseModel):
     spare_cpus: list[int] | None = Field(
         None, description="cores spare workers start on while they wait for a task (with timing_cpus: so their "
                           "start-up does not load the cores of the call being timed)")
-    reward: RewardConfig = Field(default_factory=RewardConfig)

@@ -15,6 +15,7 @@ import struct
 import time
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal, Required, TypedDict
 
 MAX_MESSAGE_BYTES = 8 << 20
 _HEADER = struct.Struct("!I")
@@ -38,6 +39,125 @@ class ErrorCategory(str, Enum):
             return cls(value)
         except ValueError:
             return cls.RUNTIME
+
+
+# -- the messages of the call protocol ------------------------------------------------------------
+# Typed for both sides; on the wire they are JSON objects (`Channel`). What the worker sends comes
+# from a process that runs candidate code: the judge reads every field defensively (numbers and
+# lists checked where it uses them, unknown categories read as the candidate's runtime error),
+# so a malformed reply fails the candidate, never the judge. Tensors travel as `pack` metadata
+# (tensorio.py) describing bytes in the data plane.
+
+class InitRequest(TypedDict):
+    """Judge -> worker, once: what to load and how to construct ModelNew."""
+
+    device: str
+    candidate_path: str
+    reference_path: str
+    library: str | None            # the workspace's built extension, or None
+    init_args: list                # pack metadata of the init arguments (in the data plane)
+    state: list                    # pack metadata of the reference's state_dict values
+    state_names: list[str]
+    init_seed: int
+    flush: bool
+    trusted: bool                  # a reference or baseline: no candidate policy
+    observer: str                  # the judge's operator observer library
+    policy: str
+    poison_bytes: int
+    gpu_plane: str | None          # CUDA IPC handle of the shared GPU region (hex), or None
+    require: dict                  # the isolation the worker must find itself in
+
+
+class CallRequest(TypedDict):
+    """Judge -> worker: run forward on the inputs now in the data plane."""
+
+    op: Literal["call"]
+    index: int
+    inputs: list
+    kernels: bool                  # list the CUDA kernels launched (checked calls only)
+
+
+class OpRequest(TypedDict):
+    """Judge -> worker: `prepare` (untimed: flush caches, poison the allocator), `echo` (send the
+    inputs back as forward left them) or `exit`."""
+
+    op: Literal["prepare", "echo", "exit"]
+
+
+class BuildRequest(TypedDict):
+    """Worker -> judge: a `load_inline` call, for the judge to build in its own sandbox."""
+
+    op: Literal["build"]
+    name: str
+    cpp_sources: object
+    cuda_sources: object
+    functions: object
+    cflags: object
+    cuda_cflags: object
+    ldflags: object
+    with_cuda: bool | None
+    with_pytorch_error_handling: bool
+
+
+class BuildAnswer(TypedDict, total=False):
+    """Judge -> worker: the built library's path, or why there is none."""
+
+    ok: Required[bool]
+    library: str
+    message: str
+
+
+class WorkerError(TypedDict, total=False):
+    """Worker -> judge: the set-up, the candidate's load or construction, or a call failed."""
+
+    ok: Required[Literal[False]]
+    category: str                  # an ErrorCategory value (anything else reads as runtime)
+    message: str
+    blocked: list[str]             # what the sandbox refused so far
+
+
+class Ready(TypedDict, total=False):
+    """Worker -> judge: ModelNew is constructed."""
+
+    ok: Required[Literal[True]]
+    matched: list[str]             # parameters copied from Model
+    unmatched: list[str]           # parameters not copied (another name or shape)
+    blocked: list[str]
+    gpu_plane: bool                # the shared GPU region is mapped
+    gpu_plane_error: str | None
+    audit_hook: bool               # the worker's audit hook is installed
+    timing_gate: str | None        # why calls are timed without the gate, if they are
+
+
+class CallReply(TypedDict, total=False):
+    """Worker -> judge: a call's outputs and what was observed during it."""
+
+    ok: Required[Literal[True]]
+    inside_ms: float               # the time the worker claims (checked against the judge's clock)
+    timing: str                    # how it timed the call: gated, events, cpu
+    structure: str                 # "tensor", "tuple", "list", ...
+    outputs: list                  # pack metadata of the outputs (in the data plane)
+    tampered: list[str]            # library functions replaced during the call
+    ops: list[str]                 # ATen operators the call ran (observer.cpp)
+    flags_changed: list[str]       # global numeric settings changed
+    blocked: list[str]
+    kernels: list[str]             # the CUDA kernels launched, from the `kernels` message below
+
+
+class KernelList(TypedDict, total=False):
+    """Worker -> judge, after a checked call's reply on CUDA (outside the call's clock)."""
+
+    ok: Required[bool]
+    op: Literal["kernels"]
+    kernels: list[str]
+
+
+class Echo(TypedDict, total=False):
+    """Worker -> judge: the reply to `echo` (the inputs as forward left them) or to `prepare`."""
+
+    ok: Required[bool]
+    echo: list
+    message: str
 
 
 class ChannelClosed(EOFError):

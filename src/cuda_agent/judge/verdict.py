@@ -1,4 +1,5 @@
-"""Typed records the judge produces. A verdict records what happened; rewards read it."""
+"""Typed records the judge produces. A verdict records what happened (measurements only); the
+reward is a pure function of it that its readers apply (`cuda_agent.reward`)."""
 
 from __future__ import annotations
 
@@ -83,8 +84,6 @@ class Verdict(BaseModel):
     eager: Timing | None = None
     compiled_ref: Timing | None = None
     compile_mode: str | None = None
-    reward: float = -1.0
-    reward_reason: str = ""
     build_s: float | None = None
     build_cached: bool | None = None
     judge_s: float | None = None
@@ -154,7 +153,8 @@ class Verdict(BaseModel):
         return self.speed_of_light.share(self.compile_ms) if self.speed_of_light else None
 
     def summary(self) -> dict:
-        """The flat CLI/JSON contract (`cuda-agent eval --json`)."""
+        """The flat record of the measurements (`cuda-agent eval --json` adds the reward to it:
+        `cuda_agent.reward.scored_summary`)."""
         return {
             "task": self.task_name,
             "task_id": self.task_id,
@@ -178,8 +178,6 @@ class Verdict(BaseModel):
             "sol_bound": self.speed_of_light.bound if self.speed_of_light else None,
             "sol_gpu": self.speed_of_light.gpu_model if self.speed_of_light else None,
             "sol_note": self.speed_of_light.reason if self.speed_of_light else None,
-            "reward": self.reward,
-            "reward_reason": self.reward_reason,
             "timing_source": self.runtime.source if self.runtime else None,
             "runtime_spread_ms": [self.runtime.p10_ms, self.runtime.p90_ms] if self.runtime else None,
             "max_abs_err": self.max_abs_err,

@@ -14,6 +14,10 @@ import os
 import socket
 import sys
 import traceback
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the messages' types only: this module's imports stay light (spares start fast)
+    from .protocol import BuildRequest, InitRequest
 
 
 def _trim_traceback(exc: BaseException, limit: int = 2500) -> str:
@@ -27,7 +31,7 @@ def _trim_traceback(exc: BaseException, limit: int = 2500) -> str:
 def load_inline_request(name, cpp_sources, cuda_sources=None, functions=None, extra_cflags=None,
                         extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None,
                         build_directory=None, verbose=False, with_cuda=None, is_python_module=True,
-                        with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False, **_) -> dict:
+                        with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False, **_) -> BuildRequest:
     """The build request the judge receives for a `load_inline` call (the stand-in's signature is
     load_inline's). Compile workers bind statically read arguments to it too
     (cuda_agent.judge.buildplan), so both paths hand the judge the same request."""
@@ -244,7 +248,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     chan = Channel(sock)
     plane = DataPlane(fd=data_fd, size=size, in_size=in_size)
     plane.map()
-    init = chan.recv()
+    init: InitRequest = chan.recv()  # the judge's (trusted) set-up message
     device = init["device"]
     workdir = os.getcwd()
     blocked: list[str] = []

@@ -46,7 +46,6 @@ from cuda_agent.host import visible_gpus  # noqa: F401 (re-exported by cuda_agen
 from cuda_agent.judge.config import JudgeConfig
 from cuda_agent.judge.harness import JudgeError
 from cuda_agent.judge.verdict import Failure, FailureCategory, Verdict
-from cuda_agent.reward import reward_of
 from cuda_agent.tasks import Task
 
 from .transport import (CompileRequest, Hello, JudgeReply, JudgeRequest, LocalTransport, PrebuildReport,
@@ -426,8 +425,6 @@ class Pool:
                     failure=Failure(category=category, message=message))
         v.judge_s = now - (job.started or now)
         v.phase_s["pool_queue"] = (job.started or now) - job.submitted
-        r = reward_of(v, cfg.reward)
-        v.reward, v.reward_reason = r.value, r.reason
         return v
 
     def _wedged(self, slot: _Slot, now: float, resolved: list) -> None:

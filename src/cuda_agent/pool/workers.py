@@ -97,26 +97,16 @@ class _CompileServer:
 
     def __init__(self, spec: WorkerSpec):
         from cuda_agent.judge.sandbox import work_root_dir
+        from cuda_agent.judge.supply import ZygoteHolder
 
         self.spec = spec
         self.config = spec.config
         self.work_root = work_root_dir()
         self.builders: dict = {}
-        self._zygote = None
+        self.zygote = ZygoteHolder(self.config)  # the judge's rule: by default on the CPU backend only
 
     def hello(self) -> Hello:
         return Hello(pid=os.getpid())
-
-    def _get_zygote(self):
-        from cuda_agent.judge.sandbox import Zygote
-
-        # The judge's rule: a zygote by default on the CPU backend only.
-        use = self.config.use_zygote if self.config.use_zygote is not None else self.config.device == "cpu"
-        if not use:
-            return None
-        if self._zygote is None or self._zygote.proc.poll() is not None:
-            self._zygote = Zygote(env={"OMP_WAIT_POLICY": "PASSIVE"} if self.config.device == "cpu" else {})
-        return self._zygote
 
     def _builder(self, arch: str | None):
         from cuda_agent.judge.build import Builder
@@ -125,7 +115,7 @@ class _CompileServer:
             self.builders[arch] = Builder(self.config.cache_dir, self.work_root, arch=arch,
                                           timeout_s=self.config.build_timeout_s, uid=self.spec.build_uid,
                                           jobs=self.spec.build_jobs,
-                                          zygote=self._get_zygote)
+                                          zygote=self.zygote)
         return self.builders[arch]
 
     def handle(self, request: CompileRequest) -> PrebuildReport:
@@ -145,5 +135,4 @@ class _CompileServer:
         return report
 
     def close(self) -> None:
-        if self._zygote is not None:
-            self._zygote.close()
+        self.zygote.close()

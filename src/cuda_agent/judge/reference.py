@@ -1,0 +1,150 @@
+"""A task's reference in the judge's own process: loaded once, constructed per evaluation, fed
+fresh inputs, and (on checked calls) evaluated again in float64.
+
+Everything here runs trusted task code in the judge; none of it ever reaches a candidate process
+except as bytes in the data plane (init arguments, weights, inputs).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import secrets
+import types
+from dataclasses import dataclass
+
+import torch
+
+from cuda_agent.tasks import Task
+
+from .config import JudgeConfig
+from .evaluation import JudgeError
+from .tensorio import nbytes_of
+
+
+class Reference:
+    """A task's reference module, loaded once in the judge's own process."""
+
+    def __init__(self, task: Task):
+        module = types.ModuleType(f"reference_{task.id}")
+        try:
+            exec(compile(task.source, task.origin or task.name, "exec"), module.__dict__)
+        except Exception as exc:
+            raise JudgeError(f"task {task.name}: the reference does not import: {type(exc).__name__}: {exc}") from None
+        self.Model = module.Model
+        self.get_inputs = module.get_inputs
+        self.get_init_inputs = module.get_init_inputs
+
+
+@dataclass
+class Setup:
+    """One construction of the reference: its seed, arguments, weights and transport sizes."""
+
+    init_seed: int
+    init_args: list
+    ref_model: torch.nn.Module
+    state_names: list[str]
+    state_values: list[torch.Tensor]
+    in_bytes: int
+    out_bytes: int
+    outputs: list   # (shape, dtype name) per output, None for non-tensor outputs
+    # A float64 copy of ref_model for the checked calls (made on first use), or why there is none.
+    ref64: torch.nn.Module | None = None
+    ref64_problem: str | None = None
+
+
+def to_list(out) -> list:
+    """A forward's result as a list of outputs."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return list(out)
+    return [out]
+
+
+def reference_ops(ref: Reference, device: str) -> set[str]:
+    """The ATen operators a task's reference runs, from one pass under a dispatch mode in the judge's
+    own process: on the meta device (no compute), else on `device` with the task's own inputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.name())
+            return func(*args, **(kwargs or {}))
+
+    for where in ("meta", device):
+        rec = _Ops()
+        try:
+            torch.manual_seed(0)
+            with torch.device(where):
+                model = ref.Model(*ref.get_init_inputs())
+                inputs = ref.get_inputs()
+            with rec, torch.no_grad():
+                model(*inputs)
+            return rec.names
+        except Exception:  # meta kernels missing or data-dependent code: try for real
+            continue
+    return set()
+
+
+def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) -> Setup:
+    """The reference model under `init_seed`, its weights and the transport sizes."""
+    torch.manual_seed(init_seed)
+    init_args = list(ref.get_init_inputs())
+    ref_model = ref.Model(*init_args).to(config.device)
+    items = list(ref_model.state_dict().items())
+    state_names = [k for k, _ in items]
+    state_values = [t.detach().cpu() for _, t in items]
+    probe_inputs = fresh_inputs(ref, secrets.randbits(63), 0, config.device)
+    with torch.no_grad():
+        probe = to_list(ref_model(*probe_inputs))
+    out_bytes = nbytes_of(probe)
+    limit_mb = config.output_limit_mb()
+    if out_bytes > limit_mb << 20:
+        raise JudgeError(f"task {task.name}: reference output of {out_bytes >> 20} MiB exceeds the judge's output "
+                         f"limit of {limit_mb} MiB; raise the setting max_output_mb (e.g. -c max_output_mb="
+                         f"{(out_bytes >> 20) + 1024})")
+    in_bytes = max(nbytes_of(state_values) + nbytes_of(init_args), nbytes_of(probe_inputs)) + (1 << 20)
+    outputs = [(list(t.shape), str(t.dtype).removeprefix("torch.")) if isinstance(t, torch.Tensor) else None
+               for t in probe]
+    return Setup(init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs)
+
+
+def expected64(setup: Setup, inputs: list, config: JudgeConfig) -> list | None:
+    """The reference on a checked call's inputs in float64 (a double copy of the model, made once
+    per setup; floating inputs cast to double), the basis of the noise-scaled bound. None where
+    that is off or impossible (an op without double support, a model that breaks when cast, no
+    memory for the copy): those calls keep the fixed bound."""
+    if config.ref_noise_multiple <= 0 or setup.ref64_problem is not None:
+        return None
+    try:
+        if setup.ref64 is None:
+            setup.ref64 = copy.deepcopy(setup.ref_model).double()
+        args = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+        with torch.no_grad():
+            out = to_list(setup.ref64(*args))
+    except Exception as exc:  # the task's code in float64: any failure means "no float64 basis"
+        setup.ref64 = None
+        setup.ref64_problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        if config.device == "cuda":
+            torch.cuda.empty_cache()
+        return None
+    return [o.detach() if isinstance(o, torch.Tensor) else o for o in out]
+
+
+def fresh_inputs(ref: Reference, seed: int, index: int, device: str) -> list:
+    """A fresh input set: the task's own distribution under a secret seed, rescaled on some calls
+    so that a kernel tuned to one value range is still checked on another."""
+    torch.manual_seed(seed)
+    # Drawn on the device: the task's own distribution, without a slow host-side generator.
+    with torch.device(device):
+        inputs = list(ref.get_inputs())
+    if index % 3 == 1:
+        rng = random.Random(seed)
+        inputs = [x * rng.uniform(0.25, 1.0) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                  for x in inputs]
+    return inputs

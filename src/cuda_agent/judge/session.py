@@ -1,0 +1,96 @@
+"""One worker process under the call protocol, seen from the judge.
+
+A `Session` is made when a worker has been given its task (harness.py `Judge._start`) and closed
+when the evaluation is done with it. It owns the process, its channel, the data plane (and the
+shared GPU region, when mapping one worked), and what the calls learn along the way: the
+protocol's measured cost per timed call, how the worker says it timed them, the relative-L2 bounds
+the checked calls found. `recv` is the only way the judge waits for the worker: it watches the
+process's health, memory and disk while it waits, and turns every way of not answering into a
+failure of the run (`Stop`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .cudaipc import SharedGpuBuffer
+from .evaluation import Stop
+from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, Ready
+from .sandbox import Sandboxed
+from .verdict import FailureCategory as FC
+
+
+class Session:
+    def __init__(self, proc: Sandboxed, chan: Channel, plane: DataPlane, shared: SharedGpuBuffer | None = None, *,
+                 memory_limit_mb: int, disk_limit_mb: int, trusted: bool = False):
+        self.proc, self.chan, self.plane, self.shared = proc, chan, plane, shared
+        self.memory_limit_mb, self.disk_limit_mb = memory_limit_mb, disk_limit_mb
+        self.ready: Ready | dict = {}
+        # per timed call, aligned with the times `_drive` returns: the round trip of the untimed
+        # request just before it (the protocol's cost under the load of that moment) and how the
+        # candidate process says it timed the call
+        self.protocol_ms: list[float] = []
+        self.methods: list[str] = []
+        # Per output: bound on the error against the reference for calls without a float64
+        # reference, the largest found on the checked calls (None: the fixed per-dtype bound).
+        self.rel_l2_bounds: list | None = None
+        self.reduced_isolation: list[str] = []  # what a judge that is not root cannot isolate
+        self.trusted = trusted  # the reference or a baseline: no candidate policy applies to what it runs
+
+    def timing_method(self) -> str:
+        """How most of the timed calls were timed, as the candidate process reported it."""
+        methods = self.methods
+        return max(set(methods), key=methods.count) if methods else "events"
+
+    @property
+    def calls(self):
+        """The region per-call inputs and outputs go through: shared GPU memory, else the host plane."""
+        return self.shared.tensor if self.shared is not None else self.plane.view
+
+    def recv(self, deadline: float, what: str) -> dict:
+        """The worker's next message, waiting until `deadline` while watching the process's health,
+        memory and disk; `what` names the step in the failure."""
+        chan, proc = self.chan, self.proc
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Stop(FC.TIMEOUT, f"{what} did not finish within its time limit")
+            try:
+                return chan.recv(timeout=min(remaining, 0.25))
+            except ChannelTimeout:
+                pass
+            except ChannelClosed:
+                proc.proc.wait(timeout=5) if proc.proc.poll() is None else None
+                raise Stop(FC.CRASH, f"the candidate process died during {what} "
+                                     f"({proc.exit_description()}):\n{log_excerpt(proc)}") from None
+            except ProtocolError as exc:
+                raise Stop(FC.TAMPERING, f"malformed message from the candidate process: {exc}") from None
+            if not proc.alive():
+                raise Stop(FC.CRASH, f"the candidate process died during {what} "
+                                     f"({proc.exit_description()}):\n{log_excerpt(proc)}")
+            if proc.rss_mb() > self.memory_limit_mb:
+                raise Stop(FC.OOM, f"the candidate process exceeded {self.memory_limit_mb} MiB of host memory "
+                                   f"during {what}")
+            used = proc.disk_used_mb()
+            if used > self.disk_limit_mb:
+                raise Stop(FC.RESOURCE, f"the candidate process used {used:.0f} MiB of disk during {what} "
+                                        f"(limit {self.disk_limit_mb} MiB)")
+
+    def close(self) -> None:
+        try:
+            self.chan.send({"op": "exit"})
+        except OSError:
+            pass
+        self.chan.close()
+        self.proc.cleanup()
+        self.plane.close()
+        if self.shared is not None:  # freed only now that the process that mapped it is gone
+            self.shared.close()
+            self.shared = None
+
+
+def log_excerpt(proc: Sandboxed) -> str:
+    """The end of the worker's log, without the judge's own frames."""
+    text = proc.log_tail(3000)
+    lines = [ln for ln in text.splitlines() if "cuda_agent/judge" not in ln]
+    return "\n".join(lines[-25:])
