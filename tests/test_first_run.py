@@ -303,3 +303,19 @@ def test_solve_shows_its_progress_and_the_final_line(module, tmp_path):
     assert "turn 1/2 list_files: ok" in res.stderr and "turn 2/2 read_file: ok" in res.stderr
     assert "my_module: max_turns after 2 turns" in res.stdout
     assert json.loads((tmp_path / "out" / "result.json").read_text())["turns"] == 2
+
+
+def test_a_resumed_run_names_the_other_torch_builds_it_holds(tmp_path):
+    import torch
+
+    from cuda_agent.bench import _other_torch_builds
+    from cuda_agent.db import ResultsDB
+
+    with ResultsDB(tmp_path / "r.sqlite") as db:
+        db.open_run("r", spec="suite:cpu", device="cpu", settings_digest="d", info={})
+        for name, version in (("1_a", "2.11.0+cu130"), ("2_b", torch.__version__)):
+            task = Task.from_source(TASK + f"# {name}\n", name=name)
+            cand = Candidate.from_files(f"class ModelNew: pass\n# {name}\n", {})
+            db.add_verdict("r", task, cand, Verdict(task_id=task.id, task_name=name, candidate_hash=cand.hash,
+                                                    device="cpu", versions={"torch": version}))
+        assert _other_torch_builds(db, "r") == ["2.11.0+cu130"]
