@@ -211,7 +211,7 @@ def solve_cmd(
         _fail(str(exc), EXIT_CANNOT_WORK)
     finally:
         gate.close()
-    out.print(_line(summary))
+    out.print(_line(summary), soft_wrap=True)  # a log keeps the line whole
     if summary.get("best_workspace"):
         out.print(f"best verified workspace: {escape(str(summary['best_workspace']))}")
     out.print(f"summary: {escape(str(folder / 'result.json'))}")
@@ -265,7 +265,7 @@ def run_cmd(
         progress = bar.add_task("agent", total=len(todo))
 
         def done(summary: dict) -> None:
-            bar.console.print(_line(summary))
+            bar.console.print(_line(summary), soft_wrap=True)
             bar.advance(progress)
 
         try:

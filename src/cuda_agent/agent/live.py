@@ -77,7 +77,10 @@ def log_line(p: AgentProgress) -> str | None:
     if what is None:
         return None
     tool = escape(p.tool) if p.tool else "model"
-    best = f"best {fmt_x(p.best.speedup_vs_compile)} vs torch.compile" if p.best else "no correct candidate yet"
+    best = "no correct candidate yet"
+    if p.best is not None:  # vs torch.compile, the goal; vs eager where no compiled baseline was timed
+        best = (f"best {fmt_x(p.best.speedup_vs_compile)} vs torch.compile" if p.best.speedup_vs_compile
+                else f"best {fmt_x(p.best.speedup_vs_eager)} vs eager")
     return f"turn {p.turn}/{p.max_turns} {tool}: {what} | {best} | tokens {tokens(p.prompt_tokens + p.completion_tokens)}"
 
 
