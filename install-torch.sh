@@ -41,5 +41,9 @@ else
   # offer PyPI's CUDA build at a higher version); configured --find-links folders still count.
   PIP_EXTRA_INDEX_URL=" " "$PYTHON" -m pip install --no-deps "$RANGE" \
     --index-url https://download.pytorch.org/whl/cpu
+  # Its dependencies (filelock, sympy, networkx, jinja2, fsspec, typing-extensions) from the usual
+  # indexes: the build just installed satisfies the pin, so it stays.
+  version=$("$PYTHON" -m pip show torch | sed -n 's/^Version: //p')
+  "$PYTHON" -m pip install "torch==$version"
 fi
-"$PYTHON" -c 'import torch; print(f"install-torch: torch {torch.__version__}, CUDA {torch.version.cuda or \"none (CPU build)\"}")'
+"$PYTHON" -W ignore -c 'import torch; print("install-torch: torch", torch.__version__, "CUDA", torch.version.cuda or "none (CPU build)")'
