@@ -319,3 +319,14 @@ def test_a_resumed_run_names_the_other_torch_builds_it_holds(tmp_path):
             db.add_verdict("r", task, cand, Verdict(task_id=task.id, task_name=name, candidate_hash=cand.hash,
                                                     device="cpu", versions={"torch": version}))
         assert _other_torch_builds(db, "r") == ["2.11.0+cu130"]
+
+
+def test_the_check_can_be_turned_off_for_a_server_with_an_incomplete_list(module, tmp_path):
+    with ScriptedModel(default=tool("list_files")) as server:
+        env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "k", "CUDA_AGENT_MODEL": "alias"}
+        res = invoke(["solve", str(module), "--out", str(tmp_path / "a"), "--device", "cpu", "--max-turns", "1"], env)
+        assert res.returncode == 3 and "does not serve 'alias'" in res.stderr and not server.requests
+        res = invoke(["solve", str(module), "--out", str(tmp_path / "b"), "--device", "cpu", "--max-turns", "1",
+                      "-c", "model.check=false"], env)
+        assert res.returncode == 0, res.stderr
+        assert server.model_lists == 1 and [r["model"] for r in server.requests] == ["alias"]

@@ -49,6 +49,9 @@ class ModelConfig(BaseModel):
                                                   "rate limits and 5xx responses")
     retry_base_s: float = Field(2.0, description="first back-off; doubles per retry, with jitter")
     retry_max_s: float = Field(60.0, description="longest back-off")
+    check: bool = Field(True, description="before a run, ask the server for its model list once, so a server "
+                                          "that is down, refuses the key or lacks the model fails at once; off for "
+                                          "a server whose list is incomplete or absent")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, e.g. "
                                        "{'chat_template_kwargs': {'enable_thinking': false}} for vLLM")
 
@@ -298,7 +301,7 @@ class ChatClient:
         elif ids and self._model not in ids:
             shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
             raise ProviderError(f"model server at {where} does not serve {self._model!r}; it lists: {shown} "
-                                "(--model, CUDA_AGENT_MODEL)")
+                                "(--model, CUDA_AGENT_MODEL; -c model.check=false skips this check)")
         return self._model
 
     def complete(self, messages: list[dict], tools: list[dict], *, seed: int | None = None) -> ModelReply:

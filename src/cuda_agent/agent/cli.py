@@ -132,9 +132,12 @@ def _device_or_exit(device: str) -> None:
 
 def _check_server(client) -> None:
     """One request to the model server before any task starts (`ChatClient.check`): a server that is
-    down, refuses the key or lacks the model ends the command in seconds with one line, exit 3."""
+    down, refuses the key or lacks the model ends the command in seconds with one line, exit 3.
+    `-c model.check=false` skips it (a server whose model list is incomplete)."""
     from cuda_agent.llm import ProviderError
 
+    if not client.config.check:  # -c model.check=false
+        return
     try:
         client.check()
     except ProviderError as exc:
