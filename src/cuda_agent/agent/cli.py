@@ -204,12 +204,15 @@ def solve_cmd(
     client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
                                     context_tokens, agent_config, device, policy, compile_mode, config, set_)
     folder = out_dir or Path("agent_runs") / module.stem
-    if fresh or finished(folder, task) is None:  # a finished task needs no server
-        _check_server(client)
+    earlier = None if fresh else finished(folder, task)
     try:
-        with LiveView(err) as view:
-            summary = solve_task(task, folder, client, gate, settings, resume=not fresh, retries=retries,
-                                 on_progress=view.update)
+        if earlier is not None:  # a finished task: nothing to run, no server to ask
+            summary = {**earlier, "resumed": True}
+        else:
+            _check_server(client)
+            with LiveView(err) as view:
+                summary = solve_task(task, folder, client, gate, settings, resume=False, retries=retries,
+                                     on_progress=view.update)
     except JudgeError as exc:
         _fail(str(exc), EXIT_CANNOT_WORK)
     finally:
@@ -263,7 +266,8 @@ def run_cmd(
     todo = todo[:limit] if limit else todo
     if any(finished(out_dir / task_folder(t), t) is None for t in todo):  # all finished: no server needed
         _check_server(client)
-    out.print(f"{len(todo)} tasks, {concurrency} at a time, judged on {gate.device}; output in {out_dir}")
+    out.print(f"{len(todo)} tasks, {concurrency} at a time, judged on {gate.device}; output in "
+              f"{escape(str(out_dir))}")
     with Progress(TextColumn("agent"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=out) as bar:
         progress = bar.add_task("agent", total=len(todo))
 
