@@ -290,9 +290,14 @@ def test_without_a_terminal_the_view_writes_one_line_per_tool_call():
         view.update(progress(event="model", tool_calls=1))                 # a reply with a call: no line
         view.update(progress(tool="compile", ok=False))
         view.update(progress(event="model", tool_calls=0, turn=4))         # a reply that called no tool
+        # no torch.compile baseline was timed (--compile-mode none): the best is told vs eager
+        v = VerifyEnv(Task.from_source(TASK, name="relu")).step(type("Call", (), {"name": "verify"})()).verdict
+        view.update(progress(tool="verify", ok=True, verdict=v, best=v, best_turn=5, turn=5))
     lines = console.export_text().splitlines()
     assert lines == ["turn 3/150 compile: failed | no correct candidate yet | tokens 13.0k",
-                     "turn 4/150 model: the reply called no tool | no correct candidate yet | tokens 13.0k"]
+                     "turn 4/150 model: the reply called no tool | no correct candidate yet | tokens 13.0k",
+                     "turn 5/150 verify: correct, reward 2, 1.60x vs eager, - vs torch.compile | best 1.60x vs eager"
+                     " | tokens 13.0k"]
 
 
 def test_solve_shows_its_progress_and_the_final_line(module, tmp_path):
