@@ -335,3 +335,51 @@ def test_the_check_can_be_turned_off_for_a_server_with_an_incomplete_list(module
                       "-c", "model.check=false"], env)
         assert res.returncode == 0, res.stderr
         assert server.model_lists == 1 and [r["model"] for r in server.requests] == ["alias"]
+
+
+# ------------------------------------------------------------------------------------------ install-torch.sh
+INSTALL = Path(__file__).resolve().parents[1] / "install-torch.sh"
+
+# A stand-in for the Python the script installs into: torch is not importable, `pip show` reports
+# the build just installed, and every pip command is recorded with the extra-index setting it saw.
+FAKE_PYTHON = """#!/bin/bash
+if [[ "$1" == "-" ]]; then exit 1; fi
+if [[ "$1 $2 $3" == "-m pip show" ]]; then echo "Name: torch"; echo "Version: 2.13.0+cpu"; exit 0; fi
+if [[ "$1 $2" == "-m pip" ]]; then echo "pip ${*:3} | extra=[${PIP_EXTRA_INDEX_URL-unset}]" >> "$LOG"; exit 0; fi
+echo "install-torch: torch 2.13.0+cpu CUDA none (CPU build)"
+"""
+
+
+def run_install(tmp_path: Path, gpu: bool, **env) -> list[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    python = bin_dir / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    # nvidia-smi first on PATH, ahead of the machine's own: it lists a GPU, or fails as without a driver
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n" if gpu else
+                   "#!/bin/sh\necho 'NVIDIA-SMI has failed: no driver' >&2\nexit 9\n")
+    smi.chmod(0o755)
+    log = tmp_path / "pip.log"
+    log.unlink(missing_ok=True)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    res = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=60,
+                         env={"PATH": path, "PYTHON": str(python), "LOG": str(log), **env})
+    assert res.returncode == 0, res.stderr
+    return log.read_text().splitlines()
+
+
+def test_install_torch_takes_the_cpu_build_without_a_gpu(tmp_path):
+    calls = run_install(tmp_path, gpu=False)
+    assert calls[0] == ("pip install --no-deps torch>=2.4,<2.15 --index-url https://download.pytorch.org/whl/cpu"
+                        " | extra=[ ]")  # no configured extra index may offer PyPI's CUDA build
+    assert calls[1] == "pip install torch==2.13.0+cpu | extra=[unset]"  # its dependencies, the build kept
+    assert len(calls) == 2
+
+
+def test_install_torch_takes_the_cuda_build_with_a_gpu_or_the_index_asked_for(tmp_path):
+    assert run_install(tmp_path, gpu=True) == ["pip install torch>=2.4,<2.15 | extra=[unset]"]
+    url = "https://download.pytorch.org/whl/cu128"
+    assert run_install(tmp_path, gpu=False, CUDA_AGENT_TORCH_INDEX=url) == [
+        f"pip install torch>=2.4,<2.15 --index-url {url} | extra=[unset]"]
