@@ -383,3 +383,31 @@ def test_install_torch_takes_the_cuda_build_with_a_gpu_or_the_index_asked_for(tm
     url = "https://download.pytorch.org/whl/cu128"
     assert run_install(tmp_path, gpu=False, CUDA_AGENT_TORCH_INDEX=url) == [
         f"pip install torch>=2.4,<2.15 --index-url {url} | extra=[unset]"]
+
+
+def test_a_server_without_a_model_list_passes_the_check_when_the_model_is_named():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NoList(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = b'{"error": {"message": "not found"}}'
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoList)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        assert ChatClient(ModelConfig(base_url=url, api_key="k", model="m")).check() == "m"
+        with pytest.raises(ProviderError, match="answered 404 to its model list.*name the model"):
+            ChatClient(ModelConfig(base_url=url, api_key="k")).check()
+    finally:
+        server.shutdown()
+        server.server_close()

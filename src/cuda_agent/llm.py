@@ -291,8 +291,9 @@ class ChatClient:
                                     f"{_error_text(exc)}); pass --api-key or OPENAI_API_KEY") from None
             if self._model is not None and exc.status_code in (404, 405):
                 return self._model
+            hint = "; name the model (--model)" if self._model is None and exc.status_code in (404, 405) else ""
             raise ProviderError(f"model server at {where} answered {exc.status_code} to its model list: "
-                                f"{_error_text(exc)}") from None
+                                f"{_error_text(exc)}{hint}") from None
         ids = [m.id for m in models.data]
         if self._model is None:
             if not ids:
