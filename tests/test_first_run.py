@@ -385,29 +385,45 @@ def test_install_torch_takes_the_cuda_build_with_a_gpu_or_the_index_asked_for(tm
         f"pip install torch>=2.4,<2.15 --index-url {url} | extra=[unset]"]
 
 
+class ListServer:
+    """A loopback server that answers every GET (the model list) with one HTTP status."""
+
+    def __init__(self, status: int):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body = json.dumps({"error": {"message": f"status {status}"}}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> "ListServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_a_server_without_a_model_list_passes_the_check_when_the_model_is_named():
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class NoList(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            body = b'{"error": {"message": "not found"}}'
-            self.send_response(404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NoList)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    try:
-        assert ChatClient(ModelConfig(base_url=url, api_key="k", model="m")).check() == "m"
+    with ListServer(404) as server:
+        assert ChatClient(ModelConfig(base_url=server.url, api_key="k", model="m")).check() == "m"
         with pytest.raises(ProviderError, match="answered 404 to its model list.*name the model"):
-            ChatClient(ModelConfig(base_url=url, api_key="k")).check()
-    finally:
-        server.shutdown()
-        server.server_close()
+            ChatClient(ModelConfig(base_url=server.url, api_key="k")).check()
+
+
+def test_a_refused_key_is_named_by_the_check():
+    with ListServer(401) as server:
+        with pytest.raises(ProviderError, match="refused the API key .*401.*OPENAI_API_KEY"):
+            ChatClient(ModelConfig(base_url=server.url, api_key="wrong", model="m")).check()
