@@ -12,6 +12,10 @@ Context: the conversation's size is estimated from the server's own token counts
 characters-per-token). Near `compress_at` of the budget, old tool results and the bulky
 arguments of old calls (file contents) are replaced by one-line stubs; the newest `keep_recent`
 results stay whole. The model can always read a file again.
+
+Progress: after each model reply and each tool call the loop hands an `AgentProgress` record
+(turn, tool, verdict, best verdict so far, tokens) to `on_progress`, if given; drawing it is the
+caller's business (`live.py` for `cuda-agent solve`).
 """
 
 from __future__ import annotations
