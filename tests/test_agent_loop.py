@@ -295,7 +295,8 @@ def test_solve_and_run_commands_are_resumable(tmp_path):
         rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
         assert [r["task"] for r in rows] == ["1_relu", "2_relu_sq"]
         assert all(r["termination"] == "max_turns" for r in rows)
-        assert len(server.requests) == 6 and server.model_lists == 1  # the model named in the file
+        # the model is named in the file: its one model list is the check of the server before the run
+        assert len(server.requests) == 6 and server.model_lists == 2
         res = _cli(args, env)
         assert res.returncode == 0 and res.stdout.count("finished earlier") == 2
         assert len(server.requests) == 6

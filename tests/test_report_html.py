@@ -147,6 +147,64 @@ def test_report_renders_in_headless_chromium(db_path, tmp_path, runs):
     assert "CUDA Agent Table 1 metrics" in dom
 
 
+# Appended to a copy of the report: opens every row's details, then records on <body> how far the
+# widest element reaches past the window's right edge, in CSS pixels (0: nothing runs off).
+MEASURE = """<script>
+window.addEventListener("load", function () {
+  document.querySelectorAll("details").forEach(function (d) { d.open = true; });
+  const width = document.documentElement.clientWidth;
+  let worst = 0, what = "";
+  document.querySelectorAll("pre, table").forEach(function (el) {
+    const over = el.getBoundingClientRect().right - width;
+    if (over > worst) { worst = over; what = el.tagName; }
+  });
+  document.body.dataset.overflow = Math.ceil(worst) + ":" + what;
+});
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+def test_an_expanded_row_stays_inside_the_window(tmp_path):
+    """A solution with long source lines, every row expanded, in a 1280-pixel window: no source
+    block and no table reaches past the right edge (long lines scroll inside their block)."""
+    path = tmp_path / "wide.sqlite"
+    with ResultsDB(path) as db:
+        db.open_run("wide", spec="kernelbench", device="cuda", settings_digest="d", info={"config": {}})
+        task = Task.from_source(TASK.format(name="wide"), name="1_A_Rather_Long_Task_Name_For_A_Fused_Kernel", level=1)
+        line = "    out[i] = " + " + ".join(f"in{k}[i] * w{k}" for k in range(60)) + ";\n"
+        cand = Candidate.from_files("import cuda_extension\nclass ModelNew: pass\n",
+                                    {"wide.cu": "__global__ void k() {\n" + line * 3 + "}\n"}, origin="/s/wide")
+        v = Verdict(task_id=task.id, task_name=task.name, candidate_hash=cand.hash, device="cuda", device_name="H200",
+                    compiled=True, correct=True, eager=timing(2.0), runtime=timing(1.0), reward=2.0,
+                    reward_reason="scored")
+        db.add_verdict("wide", task, cand, v)
+    out = write_report(path, ["wide"], tmp_path / "wide.html")
+    page = tmp_path / "measured.html"
+    page.write_text(out.read_text().replace("</body>", MEASURE + "</body>"))
+    res = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--window-size=1280,900",
+         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = re.search(r'data-overflow="(-?\d+):(\w*)"', res.stdout)
+    assert found, "the measuring script did not run"
+    assert int(found.group(1)) <= 0, f"a {found.group(2)} runs {found.group(1)} px past the window's right edge"
+
+
+def test_histogram_counts_are_whole_numbers(db_path):
+    """The speed-up histograms count tasks: their y axis has integer ticks only."""
+    import base64
+
+    from cuda_agent.report_html import load_run, speedup_histogram
+
+    with ResultsDB(db_path) as db:
+        uri = speedup_histogram([load_run(db, "base")])
+    svg = base64.b64decode(uri.split(",", 1)[1]).decode()
+    ticks = re.findall(r"<!-- (-?[\d.]+) -->", svg)  # matplotlib names each text it draws in a comment
+    assert ticks, "no tick labels found in the plot"
+    assert all(float(t) == int(float(t)) for t in ticks), ticks
+
+
 def test_report_command_writes_the_file(db_path, tmp_path):
     out = tmp_path / "cmp.html"
     res = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "report", "base", "new", "--db", str(db_path),

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
@@ -36,6 +37,12 @@ from cuda_agent.report import (console, message_summary, metrics_tables, solutio
                                verdict_table)
 from cuda_agent.reward import RewardConfig, reward_of
 from cuda_agent.tasks import Task, load_tasks
+
+class BenchUsageError(ValueError):
+    """The command asked for something that cannot be a bench run (no --solutions for a task set that
+    has none bundled, a solutions folder that does not exist or matches no task): nothing is
+    started and no run is created."""
+
 
 # Fields that do not change what a verdict means: where files go and which uid sandboxes use.
 _UNSCORED_FIELDS = {"cache_dir", "sandbox_uid", "use_zygote"}
@@ -94,7 +101,7 @@ def failure_category(exc: BaseException) -> str:
 def find_solutions(tasks: list[Task], folder: Path) -> dict[str, Path]:
     """Solutions named by task: NAME.py or a NAME/ workspace (KernelBench names like 1_Foo.py too)."""
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: solutions folder not found")
+        raise BenchUsageError(f"{folder}: solutions folder not found")
     out = {}
     for t in tasks:
         for cand in (folder / f"{t.name}.py", folder / t.name):
@@ -115,7 +122,7 @@ def plan_bench(spec: str, solutions: Path | None, device: str, levels: list[int]
         tasks = [t for t in tasks if t.level in set(levels)]
     if solutions is None:
         if not spec.startswith("suite"):
-            raise FileNotFoundError("--solutions is required for a task set other than the bundled suite")
+            raise BenchUsageError("--solutions is required for a task set other than the bundled suite")
         from cuda_agent.suite import suite_solutions
 
         paths = suite_solutions(device)
@@ -130,6 +137,10 @@ def plan_bench(spec: str, solutions: Path | None, device: str, levels: list[int]
             items.append(BenchItem(task=t, candidate=Candidate.from_path(paths[t.name])))
         except CandidateError as exc:
             unreadable[t.name] = str(exc)
+    if tasks and not paths:
+        names = ", ".join(t.name for t in tasks[:3]) + (", ..." if len(tasks) > 3 else "")
+        raise BenchUsageError(f"{solutions}: no solution matches a task of {spec} ({len(tasks)} tasks: {names}); "
+                              "solutions are named NAME.py or NAME/ after their task")
     return BenchPlan(spec=spec, tasks=tasks, items=items, missing=missing, unreadable=unreadable)
 
 
@@ -218,13 +229,26 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
         done = db.finished(run_name)
         todo = [it for it in plan.items if (it.task.id, it.task.name, it.candidate.hash) not in done]
         already = len(plan.items) - len(todo)
+        mixed = [] if created or not todo else _other_torch_builds(db, run_name)
         console.print(f"run [bold]{run_name}[/bold] in {db_path}: {len(plan.items)} of {len(plan.tasks)} tasks "
                       f"have a solution" + (f", {already} already judged" if already else "")
                       + f"; judging {len(todo)} on {config.device}"
                       + ("" if created else " (resumed)") + f"  [dim](resume with --run {run_name})[/dim]",
                       soft_wrap=True)
+        if plan.missing:
+            names = ", ".join(t.name for t in plan.missing[:20]) + (
+                f" and {len(plan.missing) - 20} more" if len(plan.missing) > 20 else "")
+            console.print(f"no solution for {len(plan.missing)} tasks"
+                          + (" (counted as failures: --count-missing)" if count_missing else " (not counted)")
+                          + f": {escape(names)}", soft_wrap=True)
         for name, why in plan.unreadable.items():
-            console.print(f"[red]{name}: {why}[/red]")
+            console.print(f"[red]{escape(name)}: {escape(why)}[/red]")
+        if mixed:
+            now = _torch_version()
+            console.print(f"[yellow]note:[/yellow] this run holds verdicts judged with torch {', '.join(mixed)}; "
+                          f"the rest are judged with torch {now}, so its times mix two torch builds "
+                          "(a new --run keeps them apart)", soft_wrap=True)
+            db.update_run_info(run_name, torch_builds=sorted({*mixed, now}))
         counts = {"judged": 0, "failed": 0}
         pool_error: str | None = None
         if todo:
@@ -259,6 +283,19 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
         console.print(f"report: {report}")
     return BenchResult(run=run_name, db=db_path, records=records, table=table, judged_now=counts["judged"],
                        failed_now=counts["failed"], already_done=already, pool_error=pool_error)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _other_torch_builds(db: ResultsDB, run_name: str) -> list[str]:
+    """The torch versions of a run's stored verdicts that differ from this process's torch."""
+    now = _torch_version()
+    seen = {r.verdict.versions.get("torch") for r in db.records(run_name) if isinstance(r, StoredVerdict)}
+    return sorted(v for v in seen if v and v != now)
 
 
 def _pool_state(pool: Pool) -> PoolError:

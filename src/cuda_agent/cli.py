@@ -1,7 +1,9 @@
 """`cuda-agent`: judge candidates, benchmark task suites.
 
-Exit codes: 0 a verdict (or table) was produced, even for failing candidates; 2 usage error;
-3 the judge could not work (no such device, unreadable task, broken installation).
+Exit codes, the same for every command: 0 a verdict (or table) was produced, even for failing
+candidates; 2 usage error (a missing or unknown option, a bad setting, a path that does not exist,
+a bench with no solutions to judge); 3 the work could not be done (no such device, a file that is
+not a task, the model server down, a broken installation).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
-                  help="Agentic RL for CUDA kernels: an honest, fast judge for candidate kernels.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich")
 err = Console(stderr=True)
 EXIT_JUDGE = 3
 
@@ -35,10 +37,43 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
 
 
 def _fail(message: str, code: int = EXIT_JUDGE) -> None:
-    from rich.markup import escape
-
-    err.print(f"[red]error:[/red] {escape(message)}")  # a message is text, never markup ("[reward]")
+    err.print(f"[red]error:[/red] {escape(message)}")  # messages quote paths and code: never markup
     raise typer.Exit(code)
+
+
+def _existing(path: Path, what: str) -> Path:
+    """A path the user named must exist: a usage error (2) otherwise, as for every command."""
+    if not path.exists():
+        _fail(f"{path}: no such {what}", 2)
+    return path
+
+
+def _device_or_exit(device: str) -> None:
+    """--device cuda without a usable GPU ends the command before anything is built or stored."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            _fail("device 'cuda' requested but CUDA is not available (use --device cpu)")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"cuda-agent {version('cuda-agent')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("cuda-agent (not installed; run from source)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
+                                                help="print the version and exit")] = False) -> None:
+    """Agentic RL for CUDA kernels: an honest, fast judge for candidate kernels, and an agent that writes them.
+
+    Exit codes of every command: 0 done (a verdict or a table, even for failing candidates), 2 usage error, 3 the work could not be done (no device, not a task, the model server down)."""
 
 
 def build_config(config: Optional[Path], sets: Optional[list[str]], **flags):
@@ -82,8 +117,8 @@ def build_configs(config: Optional[Path], sets: Optional[list[str]], *, scores: 
 def eval_cmd(
     task: Annotated[Path, typer.Option("--task", help="reference module in KernelBench format (Model, get_inputs, get_init_inputs)")],
     solution: Annotated[Path, typer.Option("--solution", help="a single-file ModelNew module (load_inline) or a CUDA Agent workspace folder")],
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the verdict summary)")] = False,
-    full: Annotated[bool, typer.Option("--full", help="with --json: the whole verdict, per-call records included")] = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar="", help="print one JSON object (the verdict summary)")] = False,
+    full: Annotated[bool, typer.Option("--full", metavar="", help="with --json: the whole verdict, per-call records included")] = False,
     device: DeviceOpt = None, policy: PolicyOpt = None, compile_mode: CompileOpt = None,
     config: ConfigOpt = None, set_: SetOpt = None,
 ) -> None:
@@ -95,6 +130,8 @@ def eval_cmd(
     from cuda_agent.judge import Judge, JudgeError
     from cuda_agent.tasks import TaskError, load_task_file
 
+    _existing(task, "task file")
+    _existing(solution, "solution file or workspace folder")
     cfg, reward = build_configs(config, set_, device=device, policy=policy, compile_mode=compile_mode)
     try:
         t = load_task_file(task)
@@ -143,7 +180,7 @@ def bench_cmd(
         "--time-limit", help="seconds one candidate may hold a judge worker before it is replaced")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="also write the run's HTML report here")] = None,
     count_missing: Annotated[bool, typer.Option(
-        "--count-missing", help="count tasks without a solution as failures in the metrics")] = False,
+        "--count-missing", metavar="", help="count tasks without a solution as failures in the metrics")] = False,
     device: DeviceOpt = None, policy: PolicyOpt = None, compile_mode: CompileOpt = None,
     config: ConfigOpt = None, set_: SetOpt = None,
 ) -> None:
@@ -155,21 +192,27 @@ def bench_cmd(
     """
     from pydantic import ValidationError
 
-    from cuda_agent.bench import run_bench
+    from cuda_agent.bench import BenchUsageError, run_bench
     from cuda_agent.db import DBError
     from cuda_agent.judge import JudgeError
     from cuda_agent.pool import PoolConfig, PoolError
+    from cuda_agent.settings import explain
     from cuda_agent.tasks import TaskError
 
     cfg, reward = build_configs(config, set_, device=device, policy=policy, compile_mode=compile_mode)
+    if tasks not in ("suite", "suite:cuda", "suite:cpu"):
+        _existing(Path(tasks), "task file or folder")
+    _device_or_exit(cfg.device)
     try:
         pool_config = PoolConfig(judge_workers=workers, compile_workers=compile_workers, time_limit_s=time_limit)
     except ValidationError as exc:
-        _fail(f"invalid pool settings:\n{exc}", 2)
+        _fail(str(explain(PoolConfig, exc, "pool settings (--workers, --compile-workers, --time-limit)")), 2)
     try:
         result = run_bench(tasks, solutions, cfg, levels=level, out=out, db_path=db, run_name=run,
                            pool_config=pool_config, report=report, count_missing=count_missing, reward=reward)
-    except (TaskError, JudgeError, PoolError, DBError, FileNotFoundError) as exc:
+    except BenchUsageError as exc:
+        _fail(str(exc), 2)
+    except (TaskError, JudgeError, PoolError, DBError) as exc:
         _fail(str(exc))
     if result.pool_error:  # the table and files are written; the pairs it left are recorded, to resume
         _fail(f"the pool broke, {result.failed_now} pairs not judged (rerun with --run {result.run} to retry "
@@ -233,7 +276,7 @@ def report_cmd(
     db: Annotated[Optional[Path], typer.Option("--db", help="results database (default as for bench)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="HTML file to write (default: RUN_A[-vs-RUN_B].html)")] = None,
     count_missing: Annotated[bool, typer.Option(
-        "--count-missing", help="count tasks without a solution as failures in the metrics")] = False,
+        "--count-missing", metavar="", help="count tasks without a solution as failures in the metrics")] = False,
 ) -> None:
     """Write one self-contained HTML report of a run (or of two runs, side by side)."""
     from cuda_agent.db import DBError, default_db_path

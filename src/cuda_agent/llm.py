@@ -49,6 +49,9 @@ class ModelConfig(BaseModel):
                                                   "rate limits and 5xx responses")
     retry_base_s: float = Field(2.0, description="first back-off; doubles per retry, with jitter")
     retry_max_s: float = Field(60.0, description="longest back-off")
+    check: bool = Field(True, description="before a run, ask the server for its model list once, so a server "
+                                          "that is down, refuses the key or lacks the model fails at once; off for "
+                                          "a server whose list is incomplete or absent")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, e.g. "
                                        "{'chat_template_kwargs': {'enable_thinking': false}} for vLLM")
 
@@ -266,6 +269,42 @@ class ChatClient:
     def describe(self) -> dict:
         return self.config.public()
 
+    def check(self, timeout_s: float = 10.0) -> str:
+        """One request to the server before any work starts (its model list, no retries, a short
+        limit): a dead or misconfigured server then costs seconds and one clear line, not each
+        task's full retry schedule. Returns the model the run will use.
+
+        Raises ProviderError when the server cannot be reached, refuses the key, or does not serve
+        the named model. A server without a model list (404, 405) passes when a model is named:
+        its reply proves it is up."""
+        o = self._openai
+        where = self.config.base_url or "the OpenAI API"
+        try:
+            models = self._client.with_options(timeout=timeout_s, max_retries=0).models.list()
+        except (o.APIConnectionError, o.APITimeoutError) as exc:  # APITimeoutError is a connection error
+            kind = "no answer within %gs" % timeout_s if isinstance(exc, o.APITimeoutError) else "cannot connect"
+            raise ProviderError(f"model server at {where}: {kind} ({_root_cause(exc)}); is it running? "
+                                "(--base-url, OPENAI_BASE_URL)") from None
+        except o.APIStatusError as exc:
+            if exc.status_code in (401, 403):
+                raise ProviderError(f"model server at {where} refused the API key ({exc.status_code}: "
+                                    f"{_error_text(exc)}); pass --api-key or OPENAI_API_KEY") from None
+            if self._model is not None and exc.status_code in (404, 405):
+                return self._model
+            hint = "; name the model (--model)" if self._model is None and exc.status_code in (404, 405) else ""
+            raise ProviderError(f"model server at {where} answered {exc.status_code} to its model list: "
+                                f"{_error_text(exc)}{hint}") from None
+        ids = [m.id for m in models.data]
+        if self._model is None:
+            if not ids:
+                raise ProviderError(f"the server at {where} lists no models; pass --model")
+            self._model = ids[0]
+        elif ids and self._model not in ids:
+            shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            raise ProviderError(f"model server at {where} does not serve {self._model!r}; it lists: {shown} "
+                                "(--model, CUDA_AGENT_MODEL; -c model.check=false skips this check)")
+        return self._model
+
     def complete(self, messages: list[dict], tools: list[dict], *, seed: int | None = None) -> ModelReply:
         """`seed`: the request's sampling seed, for servers that honour one (reproducible synthesis)."""
         while True:
@@ -311,8 +350,9 @@ class ChatClient:
             if attempt < self.config.max_retries:
                 delay = min(self.config.retry_max_s, self.config.retry_base_s * 2 ** attempt)
                 self._sleep(delay * (0.5 + random.random() / 2))
+        detail, cause = _error_text(last), _root_cause(last)
         raise ProviderError(f"no reply after {self.config.max_retries + 1} attempts: {type(last).__name__}: "
-                         f"{_error_text(last)}")
+                            f"{detail}" + (f" ({cause})" if cause != detail else ""))
 
     def _reply(self, response, attempts: int, latency_s: float, wire: list[dict]) -> ModelReply:
         if not response.choices:
@@ -341,6 +381,15 @@ class ChatClient:
                           finish_reason=choice.finish_reason, prompt_tokens=prompt, completion_tokens=completion,
                           usage_estimated=estimated, latency_s=latency_s, attempts=attempts,
                           text_mode=self.text_mode)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause's text ("[Errno 111] Connection refused"): the client's own message for a
+    failed connection says only "Connection error."."""
+    seen = exc
+    while seen.__cause__ is not None or seen.__context__ is not None:
+        seen = seen.__cause__ or seen.__context__
+    return str(seen) or type(seen).__name__
 
 
 def _error_text(exc: Exception) -> str:

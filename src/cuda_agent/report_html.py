@@ -191,6 +191,9 @@ def speedup_histogram(views: list[RunView]) -> str:
         ax.set_title(f"speed-up {title} (correct tasks)")
         ax.set_xlabel("speed-up (x, log scale)")
     axes[0].set_ylabel("tasks")
+    from matplotlib.ticker import MaxNLocator
+
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of tasks: no 0.5 ticks
     if len(views) > 1:
         axes[0].legend(fontsize=8)
     return _svg_uri(fig)

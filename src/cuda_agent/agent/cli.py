@@ -17,6 +17,7 @@ from cuda_agent.report import fmt_x
 
 err = Console(stderr=True)
 out = Console()
+EXIT_CANNOT_WORK = 3  # as for every command: the judge, the device or the model server cannot work
 
 SERVER_HELP = """
 
@@ -103,14 +104,57 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
         agent_config = load(AgentConfig, flags=merged("agent", AgentConfig, max_turns=max_turns,
                                                       context_tokens=context_tokens), what="agent settings")
     except SettingsError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
+    _device_or_exit(judge_config.device)
     try:
         client = ChatClient(model_config)
     except ProviderError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     return client, JudgeGate(judge_config), agent_config
+
+
+def _fail(message: str, code: int) -> None:
+    err.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(code)
+
+
+def _device_or_exit(device: str) -> None:
+    """`--device cuda` on a machine without a usable GPU: the line `eval` prints, exit 3, before a
+    workspace is made or a model turn is spent (the judge would refuse at its first use)."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            _fail("device 'cuda' requested but CUDA is not available (use --device cpu)", EXIT_CANNOT_WORK)
+
+
+def _check_server(client) -> None:
+    """One request to the model server before any task starts (`ChatClient.check`): a server that is
+    down, refuses the key or lacks the model ends the command in seconds with one line, exit 3.
+    `-c model.check=false` skips it (a server whose model list is incomplete)."""
+    from cuda_agent.llm import ProviderError
+
+    if not client.config.check:  # -c model.check=false
+        return
+    try:
+        client.check()
+    except ProviderError as exc:
+        _fail(str(exc), EXIT_CANNOT_WORK)
+
+
+def _task_or_exit(path: Path):
+    """The task file: a path that does not exist is a usage error (2); a file that is not a task is
+    one the judge cannot work on (3), as for `eval`."""
+    from cuda_agent.tasks import TaskError, load_task_file
+
+    if not path.is_file():
+        _fail(f"{path}: no such file" if not path.exists() else f"{path}: not a file", 2)
+    try:
+        return load_task_file(path)
+    except TaskError as exc:
+        _fail(str(exc), EXIT_CANNOT_WORK)
 
 
 def _line(s: dict) -> str:
@@ -136,7 +180,7 @@ def _line(s: dict) -> str:
 def solve_cmd(
     module: Annotated[Path, typer.Argument(help="your module in KernelBench format (Model, get_inputs, get_init_inputs)")],
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="output folder (default: agent_runs/<module name>)")] = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="start over even if OUT holds a finished run")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", metavar="", help="start over even if OUT holds a finished run")] = False,
     base_url: BaseUrlOpt = None, model: ModelOpt = None, api_key: KeyOpt = None, tool_mode: ToolModeOpt = None,
     temperature: TemperatureOpt = None, max_tokens: MaxTokensOpt = None, max_turns: TurnsOpt = None,
     context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
@@ -145,35 +189,40 @@ def solve_cmd(
 ) -> None:
     """Let a model turn your PyTorch module into verified, faster kernels.
 
-    Writes OUT/best (the best workspace the judge found correct), OUT/result.json (with the
-    speed-ups vs eager and torch.compile), OUT/workspace and OUT/trajectory.jsonl. A rerun skips a
-    finished task."""
+    Shows the run as it goes (turn, tool, verdict, best speed-up so far, tokens) on stderr: redrawn
+    in place on a terminal, one line per tool call otherwise. Writes OUT/best (the best workspace
+    the judge found correct), OUT/result.json (with the speed-ups vs eager and torch.compile),
+    OUT/workspace and OUT/trajectory.jsonl. A rerun skips a finished task. Exit 0 when the run
+    ended (submitted or cut by a limit), 2 on usage errors, 3 when it ended in an error (the model
+    server, the judge) or could not start (no GPU for --device cuda, the model server down)."""
     from cuda_agent.judge import JudgeError
-    from cuda_agent.tasks import TaskError, load_task_file
 
-    from .runner import solve_task
+    from .live import LiveView
+    from .runner import finished, solve_task
 
-    try:
-        task = load_task_file(module)
-    except TaskError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2)
+    task = _task_or_exit(module)
     client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
                                     context_tokens, agent_config, device, policy, compile_mode, config, set_)
     folder = out_dir or Path("agent_runs") / module.stem
+    earlier = None if fresh else finished(folder, task)
     try:
-        summary = solve_task(task, folder, client, gate, settings, resume=not fresh, retries=retries)
+        if earlier is not None:  # a finished task: nothing to run, no server to ask
+            summary = {**earlier, "resumed": True}
+        else:
+            _check_server(client)
+            with LiveView(err) as view:
+                summary = solve_task(task, folder, client, gate, settings, resume=False, retries=retries,
+                                     on_progress=view.update)
     except JudgeError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(3)
+        _fail(str(exc), EXIT_CANNOT_WORK)
     finally:
         gate.close()
-    out.print(_line(summary))
+    out.print(_line(summary), soft_wrap=True)  # a log keeps the line whole
     if summary.get("best_workspace"):
-        out.print(f"best verified workspace: {summary['best_workspace']}")
-    out.print(f"summary: {folder / 'result.json'}")
+        out.print(f"best verified workspace: {escape(str(summary['best_workspace']))}")
+    out.print(f"summary: {escape(str(folder / 'result.json'))}")
     if summary["termination"] == "error":
-        raise typer.Exit(3)
+        raise typer.Exit(EXIT_CANNOT_WORK)
 
 
 def run_cmd(
@@ -194,13 +243,15 @@ def run_cmd(
     """Run the agent on many tasks with bounded concurrency and a progress bar.
 
     Each task gets OUT/<task>/ (as for solve); OUT/results.jsonl collects the summaries. A rerun
-    skips finished tasks."""
+    skips finished tasks. Exit 0 when at least one task ran to its end, 2 on usage errors, 3 when
+    every task ended in an error or none could start (the model server down, no GPU for --device
+    cuda)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cuda_agent.metrics import geomean
     from cuda_agent.tasks import TaskError, load_tasks
 
-    from .runner import run_tasks
+    from .runner import finished, run_tasks, task_folder
 
     client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
                                     context_tokens, agent_config, device, policy, compile_mode, config, set_)
@@ -208,17 +259,20 @@ def run_cmd(
     try:
         todo = load_tasks(spec, level)
     except TaskError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2)
+        _fail(str(exc), 2 if not Path(tasks).exists() and tasks not in ("suite", "suite:cuda", "suite:cpu")
+              else EXIT_CANNOT_WORK)
     if level:
         todo = [t for t in todo if t.level in set(level)]
     todo = todo[:limit] if limit else todo
-    out.print(f"{len(todo)} tasks, {concurrency} at a time, judged on {gate.device}; output in {out_dir}")
+    if any(finished(out_dir / task_folder(t), t) is None for t in todo):  # all finished: no server needed
+        _check_server(client)
+    out.print(f"{len(todo)} tasks, {concurrency} at a time, judged on {gate.device}; output in "
+              f"{escape(str(out_dir))}")
     with Progress(TextColumn("agent"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=out) as bar:
         progress = bar.add_task("agent", total=len(todo))
 
         def done(summary: dict) -> None:
-            bar.console.print(_line(summary))
+            bar.console.print(_line(summary), soft_wrap=True)
             bar.advance(progress)
 
         try:
@@ -235,7 +289,10 @@ def run_cmd(
     ge = geomean([s["best"]["speedup_vs_eager"] for s in solved if s["best"]["speedup_vs_eager"]])
     gc = geomean([s["best"]["speedup_vs_compile"] for s in solved if s["best"]["speedup_vs_compile"]])
     out.print(f"geomean speed-up over those: {fmt_x(ge)} vs eager, {fmt_x(gc)} vs torch.compile; "
-              f"summaries in {out_dir / 'results.jsonl'}")
+              f"summaries in {escape(str(out_dir / 'results.jsonl'))}")
+    if summaries and all(s["termination"] == "error" for s in summaries):
+        _fail(f"every task ended in an error ({len(summaries)} of {len(summaries)}); the reasons are above "
+              "and in each task's result.json", EXIT_CANNOT_WORK)
 
 
 def _help(doc: str) -> str:

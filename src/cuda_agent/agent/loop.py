@@ -12,6 +12,10 @@ Context: the conversation's size is estimated from the server's own token counts
 characters-per-token). Near `compress_at` of the budget, old tool results and the bulky
 arguments of old calls (file contents) are replaced by one-line stubs; the newest `keep_recent`
 results stay whole. The model can always read a file again.
+
+Progress: after each model reply and each tool call the loop hands an `AgentProgress` record
+(turn, tool, verdict, best verdict so far, tokens) to `on_progress`, if given; drawing it is the
+caller's business (`live.py` for `cuda-agent solve`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import json
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -97,6 +103,30 @@ class AgentResult:
         }
 
 
+@dataclass(frozen=True)
+class AgentProgress:
+    """Where a run stands, reported to `Agent(on_progress=...)` after each model reply ("model")
+    and each tool call ("tool"). The loop draws nothing itself; a live view or a log reads these."""
+
+    event: Literal["model", "tool"]
+    task_name: str
+    turn: int
+    max_turns: int
+    seconds: float                        # since the run started
+    prompt_tokens: int                    # summed over the run's model calls
+    completion_tokens: int
+    context_tokens: int                   # the conversation's estimated size now
+    context_budget: int
+    tool: str | None = None               # event "tool": the call just made
+    ok: bool | None = None                # event "tool": False when refused, failed or rejected
+    verdict: Verdict | None = None        # event "tool": the judge's verdict, when the call ran the judge
+    reward: Reward | None = None          # event "tool": that verdict as the environment scored it
+    tool_calls: int = 0                   # event "model": the calls in the reply (0: the reply called none)
+    best: Verdict | None = None           # the best correct verdict so far
+    best_reward: Reward | None = None
+    best_turn: int | None = None
+
+
 def rank(v: Verdict, reward: Reward | None) -> tuple:
     """Order of correct verdicts: reward first (as the environment scored it), then speed-up vs
     compile, then vs eager."""
@@ -134,9 +164,11 @@ class Agent:
     a conversation, and small exceptions for the ways a run ends."""
 
     def __init__(self, client: ModelClient, env: Environment, config: AgentConfig | None = None,
-                 trajectory: Trajectory | None = None, stop: threading.Event | None = None):
+                 trajectory: Trajectory | None = None, stop: threading.Event | None = None,
+                 on_progress: Callable[[AgentProgress], None] | None = None):
         self.client = client
         self.stop = stop  # set by another thread to end the run at the next turn
+        self.on_progress = on_progress
         self.env = env
         self.config = config or AgentConfig()
         self.trajectory = trajectory or Trajectory()
@@ -146,15 +178,19 @@ class Agent:
         self.replies = 0   # model replies received: the turns completed
         self.prompt_tokens = self.completion_tokens = 0
         self.best: tuple[Candidate, Verdict, Reward | None] | None = None
+        self._best_turn: int | None = None
+        self._task_name = ""
+        self._t0 = time.monotonic()
         self._chars_per_token = 3.5
         self._last_step: str | None = None
         self._repeats = 0
 
     # ------------------------------------------------------------------------------ run
     def run(self) -> AgentResult:
-        t0 = time.monotonic()
+        t0 = self._t0 = time.monotonic()
         start = self.env.reset()
         task, device, self.tools = start.task, start.device, start.tools
+        self._task_name = task.name
         self.trajectory.event("start", task={"id": task.id, "name": task.name, "origin": task.origin,
                                              "level": task.level, "source": task.source},
                               device=device, agent=self.config.model_dump(mode="json"), tools=self.tools,
@@ -200,6 +236,7 @@ class Agent:
                               calls=[{"id": c.id, "raw_arguments": c.raw_arguments, "error": c.error}
                                      for c in reply.tool_calls if c.error])
         self.add(message)
+        self.report("model", tool_calls=len(reply.tool_calls))
         if not reply.tool_calls:
             text = NO_TOOL_CALL.format(tools=", ".join(t["function"]["name"] for t in self.tools))
             if reply.finish_reason == "length":
@@ -223,6 +260,8 @@ class Agent:
             if res.verdict is not None and res.verdict.correct and res.candidate is not None:
                 if self.best is None or rank(res.verdict, res.reward) > rank(self.best[1], self.best[2]):
                     self.best = (res.candidate, res.verdict, res.reward)
+                    self._best_turn = self.turn
+            self.report("tool", tool=call.name or None, ok=res.ok, verdict=res.verdict, reward=res.reward)
             if res.terminated:
                 raise terminate(Terminal.SUBMITTED, "submitted a correct candidate")
             if res.truncated:
@@ -241,6 +280,23 @@ class Agent:
             self.messages[-1] = {**last, "content": last["content"] + REPEAT_WARNING.format(n=self._repeats)}
             self.trajectory.event("edit", turn=self.turn, reason="repeat warning",
                                   edits=[{"index": len(self.messages) - 1, "message": self.messages[-1]}])
+
+    def report(self, event: Literal["model", "tool"], **fields) -> None:
+        """Tell `on_progress` where the run stands. A view that fails (a closed terminal) is
+        dropped for the rest of the run, with a note in the trajectory: it must not end the run."""
+        if self.on_progress is None:
+            return
+        progress = AgentProgress(event=event, task_name=self._task_name, turn=self.turn,
+                                 max_turns=self.config.max_turns, seconds=time.monotonic() - self._t0,
+                                 prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                                 context_tokens=self.context_tokens(), context_budget=self.config.context_tokens,
+                                 best=self.best[1] if self.best else None, best_reward=self.best[2] if self.best else None,
+                                 best_turn=self._best_turn, **fields)
+        try:
+            self.on_progress(progress)
+        except Exception as exc:
+            self.on_progress = None
+            self.trajectory.event("note", turn=self.turn, text=f"progress view dropped: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------------------ model
     def add(self, message: dict) -> None:

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from cuda_agent.tasks import Task
 
 from cuda_agent.llm import ModelClient
 
-from .loop import RESULT_VERSION, Agent, AgentConfig
+from .loop import RESULT_VERSION, Agent, AgentConfig, AgentProgress
 from .outcome import InternalError, Outcome
 from .tools import JudgeGate, Toolbox
 from .trajectory import Trajectory
@@ -59,16 +60,18 @@ def finished(out: Path, task: Task) -> dict | None:
 
 
 def solve_task(task: Task, out: Path, client: ModelClient, gate: JudgeGate, config: AgentConfig,
-               *, resume: bool = True, stop: threading.Event | None = None, retries: int = 0) -> dict:
+               *, resume: bool = True, stop: threading.Event | None = None, retries: int = 0,
+               on_progress: Callable[[AgentProgress], None] | None = None) -> dict:
     """Run the agent on `task` in folder `out`; the run's summary (an earlier one when resuming).
     A run that ends with a retryable error is run again, from scratch, up to `retries` times
-    (never after an interruption: whoever stopped it wants it stopped); `attempts` counts the runs."""
+    (never after an interruption: whoever stopped it wants it stopped); `attempts` counts the runs.
+    `on_progress` receives the loop's progress reports (`AgentProgress`), for a live view."""
     if resume and (done := finished(out, task)) is not None:
         return {**done, "resumed": True}
     attempt = 0
     while True:
         attempt += 1
-        summary, outcome = _attempt(task, out, client, gate, config, stop)
+        summary, outcome = _attempt(task, out, client, gate, config, stop, on_progress)
         if not outcome.retryable or attempt > retries or outcome.error.kind == "interrupted" \
                 or (stop is not None and stop.is_set()):
             break
@@ -79,7 +82,7 @@ def solve_task(task: Task, out: Path, client: ModelClient, gate: JudgeGate, conf
 
 
 def _attempt(task: Task, out: Path, client: ModelClient, gate: JudgeGate, config: AgentConfig,
-             stop: threading.Event | None) -> tuple[dict, Outcome]:
+             stop: threading.Event | None, on_progress=None) -> tuple[dict, Outcome]:
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT).unlink(missing_ok=True)
     for old in ("workspace", "best"):
@@ -88,7 +91,7 @@ def _attempt(task: Task, out: Path, client: ModelClient, gate: JudgeGate, config
     toolbox = Toolbox(task, workspace, gate, config.tools, reward=config.reward)
     try:
         with Trajectory(out / "trajectory.jsonl") as trajectory:
-            result = Agent(client, toolbox, config, trajectory, stop=stop).run()
+            result = Agent(client, toolbox, config, trajectory, stop=stop, on_progress=on_progress).run()
     finally:
         toolbox.close()
     if result.best is not None:

@@ -10,6 +10,7 @@ Events, one per line, each with `type` and `t` (seconds since the start):
               full verdict when the judge ran, submitted
     edit      earlier messages replaced: turn, reason ("compress": stubs to fit the context, "repeat
               warning": a note appended), [{index, message}], tokens before
+    note      something about the run itself, not the conversation (a progress view that failed)
     end       the run's summary as in result.json: termination and message (every version);
               from version 2 also terminated, truncated, error {kind, message, retryable}
 

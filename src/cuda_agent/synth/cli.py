@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -35,13 +36,14 @@ class _RichProgress:
 def print_report(report, console: Console) -> None:
     from .filters import FILTERS
 
-    table = Table(title="candidates removed by each filter")
+    # One column of candidate counts: those each filter removed, then those every filter passed.
+    table = Table(title=f"{report.candidates} candidates: removed by each filter, then accepted")
     table.add_column("filter")
-    table.add_column("removed", justify="right")
+    table.add_column("candidates", justify="right")
     table.add_column("what it removes")
     for name, count in report.rejected_by.items():
         table.add_row(name, str(count), FILTERS.get(name, ""))
-    table.add_row("[bold]accepted[/bold]", f"[bold]{report.accepted}[/bold]", f"of {report.candidates} candidates")
+    table.add_row("[bold]accepted[/bold]", f"[bold]{report.accepted}[/bold]", "passed every filter")
     console.print(table)
     console.print(f"{report.tasks_per_hour:.0f} tasks/hour, {report.candidates_per_hour:.0f} candidates/hour "
                   f"this run ({report.wall_s:.1f} s); exported {report.exported} tasks")
@@ -62,7 +64,7 @@ def synth_cmd(
     min_ms: Annotated[Optional[float], typer.Option("--min-ms", help="shortest eager runtime kept (default 1)")] = None,
     max_ms: Annotated[Optional[float], typer.Option("--max-ms", help="longest eager runtime kept (default 100)")] = None,
     compile_check: Annotated[Optional[bool], typer.Option(
-        "--compile/--no-compile", help="check torch.compile against eager (default: on for cuda, off for cpu)")] = None,
+        "--compile/--no-compile", metavar="", help="check torch.compile against eager (default: on for cuda, off for cpu)")] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds for all checks of one task")] = None,
     composer: Annotated[str, typer.Option("--composer", help="programmatic or llm")] = "programmatic",
     catalog: Annotated[Optional[Path], typer.Option("--catalog", help="seed catalog file (default OUT/catalog.jsonl)")] = None,
@@ -73,7 +75,7 @@ def synth_cmd(
         "--time-limit", help="seconds: start no new candidate after this, export what was accepted "
                              "(rerun with the same --out to go on)")] = None,
     judge_check: Annotated[Optional[bool], typer.Option(
-        "--judge-check/--no-judge-check", help="hold every accepted task to the judge's reference checks "
+        "--judge-check/--no-judge-check", metavar="", help="hold every accepted task to the judge's reference checks "
                                                "(its reference reproduced in the judge's isolated process) and "
                                                "export only those that pass")] = None,
     judge_parallel: Annotated[Optional[int], typer.Option("--judge-parallel", help="judge processes for --judge-check")] = None,
@@ -92,6 +94,10 @@ def synth_cmd(
     from .filters import worker_layout
     from .pipeline import SynthConfig, run_synth
 
+    if out.exists() and not out.is_dir():
+        err.print(f"[red]error:[/red] --out {escape(str(out))}: a file is there; --out names a folder (new, or an "
+                  "earlier run's to continue it)")
+        raise typer.Exit(2)
     try:
         values = apply_overrides(read_file(config, section="synth"), set_ or [], SynthConfig)
     except SettingsError as exc:
