@@ -40,7 +40,7 @@ def _timing(ms: float) -> Timing:
 class ScriptedJudge:
     def __init__(self, config, baseline_store=None):
         self.config = config
-        self.device_name = f"scripted {os.getpid()}"
+        self.device_name = "scripted"   # one machine model (tests tell workers apart by pid)
         self.arch = None
         self.baseline_store = baseline_store
 
@@ -69,6 +69,14 @@ class ScriptedJudge:
 
     def close(self) -> None:
         pass
+
+
+class TwoModelJudge(ScriptedJudge):
+    """Scripted judges on two GPU models: even sandbox uids (pool slots) are one, odd the other."""
+
+    def __init__(self, config, baseline_store=None):
+        super().__init__(config, baseline_store)
+        self.device_name = f"model {(config.sandbox_uid or 0) % 2}"
 
 
 class BrokenJudge:
