@@ -30,6 +30,7 @@ SLOW_MODULES = frozenset({
     "test_observer.py",           # builds the judge's operator observer and loads it
     "test_sandbox.py",            # real sandboxed processes, judged candidates (the observer is built)
     "test_tolerance.py",          # judged candidates and references (the observer is built)
+    "test_pool_ray.py",           # starts a local Ray instance and a Ray actor per worker (~90 s)
 })
 
 # Single slow tests in modules that are otherwise fast (module file name -> test function names).
