@@ -242,6 +242,9 @@ from cuda_agent.synth.cli import synth_cmd  # noqa: E402  (defined with the synt
 
 _register_agent(app)
 app.command("synth")(synth_cmd)
+from cuda_agent.serve.cli import serve_cmd  # noqa: E402  (defined with the serve package)
+
+app.command("serve")(serve_cmd)
 
 
 def main() -> None:  # pragma: no cover
