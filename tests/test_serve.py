@@ -63,6 +63,16 @@ def make_service(tmp_path, *, judge_workers=1, max_pending=1024, max_request_byt
                                       max_request_bytes=max_request_bytes, retry_after_s=1))
 
 
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    """One service for the tests whose requests are all refused (nothing is judged there)."""
+    s = LoopbackServer(make_service(tmp_path_factory.mktemp("shared")))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
 @pytest.fixture
 def server(tmp_path):
     s = LoopbackServer(make_service(tmp_path))
@@ -84,8 +94,8 @@ def verdict_rows(db) -> list[tuple]:
 
 
 # --------------------------------------------------------------------------------- access and input
-def test_every_route_but_health_needs_the_token(server):
-    with httpx.Client(base_url=server.url) as http:
+def test_every_route_but_health_needs_the_token(shared_server):
+    with httpx.Client(base_url=shared_server.url) as http:
         assert http.get("/v1/health").status_code == 200
         for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": TOKEN}):
             r = http.post("/v1/submissions", json=body(), headers=headers)
@@ -93,7 +103,7 @@ def test_every_route_but_health_needs_the_token(server):
             assert http.get("/v1/metrics", headers=headers).status_code == 401
             assert http.get("/v1/info", headers=headers).status_code == 401
         assert http.get("/v1/metrics", headers=AUTH).status_code == 200
-    assert server.service.counters["submitted"] == 0
+    assert shared_server.service.counters["submitted"] == 0
 
 
 def test_a_short_token_is_refused(tmp_path):
@@ -116,10 +126,10 @@ def test_a_short_token_is_refused(tmp_path):
     (lambda b: b["task"].update(source="print('not a KernelBench module')"), "source"),
     (lambda b: b["task"].update(level=-1), "level"),
 ])
-def test_malformed_submissions_get_422_without_the_input_echoed(server, change, where):
+def test_malformed_submissions_get_422_without_the_input_echoed(shared_server, change, where):
     b = body()
     change(b)
-    with httpx.Client(base_url=server.url, headers=AUTH) as http:
+    with httpx.Client(base_url=shared_server.url, headers=AUTH) as http:
         r = http.post("/v1/submissions", json=b)
         assert r.status_code == 422, r.text
         assert where in json.dumps(r.json()["detail"])
@@ -129,13 +139,13 @@ def test_malformed_submissions_get_422_without_the_input_echoed(server, change, 
         assert http.get("/v1/submissions/not-an-id").status_code == 422
         assert http.post("/v1/submissions/status", json={"ids": [], "wait_s": 1}).status_code == 422
         assert http.post("/v1/submissions/status", json={"ids": ["0" * 32], "wait_s": 3600}).status_code == 422
-    assert server.service.counters["submitted"] == 0
+    assert shared_server.service.counters["submitted"] == 0
 
 
-def test_oversized_requests_get_413_before_they_are_read(server):
+def test_oversized_requests_get_413_before_they_are_read(shared_server):
     big = body()
     big["candidate"]["model_new"] += "#" * (1 << 20)
-    with httpx.Client(base_url=server.url, headers=AUTH) as http:
+    with httpx.Client(base_url=shared_server.url, headers=AUTH) as http:
         assert http.post("/v1/submissions", json=big).status_code == 413
 
         def chunks():  # no Content-Length: counted while read
@@ -363,3 +373,19 @@ def test_many_clients_with_duplicates_lose_and_duplicate_no_verdict(tmp_path):
     assert counters["submitted"] == n_distinct and counters["verdicts"] == n_distinct
     assert counters["duplicates"] == n_distinct * (copies - 1)
     print(f"load: {len(results)} submissions from {n_clients} clients in {elapsed:.1f} s")
+
+
+def test_bench_judges_through_the_service(server, tmp_path):
+    """`bench --judge-url`: the bench's own database and the service's both hold the run's verdicts."""
+    from cuda_agent.bench import run_bench
+    from cuda_agent.suite import suite_solutions
+
+    local = JudgeConfig(device="cpu", cache_dir=tmp_path / "bench-cache")
+    with JudgeClient(server.url, TOKEN) as client:
+        result = run_bench("suite", None, local, levels=[1], db_path=tmp_path / "bench.sqlite", run_name="remote",
+                           judge=client)
+    assert result.judged_now == len(result.records) > 0 and result.failed_now == 0
+    assert all(r.verdict.reward_reason == "scripted" for r in result.verdicts), "judged by the service's judges"
+    assert {r.task_name for r in result.records} <= set(suite_solutions("cpu"))
+    with sqlite3.connect(tmp_path / "results.sqlite") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM verdicts WHERE run='remote'").fetchone()[0] == result.judged_now
