@@ -221,6 +221,11 @@ class JudgeClient:
                     return
                 self._fail_all(exc)
                 continue
+            except Exception as exc:  # noqa: BLE001 - an answer that is not a status reply: no future may hang
+                if self._closed:
+                    return
+                self._fail_all(ServiceError(f"{self.url}: unreadable status answer: {type(exc).__name__}: {exc}"))
+                continue
             self._resolve(reply.submissions)
             for id_ in reply.unknown:  # the service lost it (a new database): submit it again
                 with self._cond:
