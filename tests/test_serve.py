@@ -56,9 +56,10 @@ class LoopbackServer:
         self.sock.close()
 
 
-def make_service(tmp_path, *, judge_workers=1, max_pending=1024, max_request_bytes=1 << 20, **judge) -> JudgeService:
+def make_service(tmp_path, *, judge_workers=1, max_pending=1024, max_request_bytes=1 << 20, factory=SCRIPTED,
+                 **judge) -> JudgeService:
     cfg = JudgeConfig(device="cpu", compile_mode="none", cache_dir=tmp_path / "cache", **judge)
-    return JudgeService(cfg, PoolConfig(judge_factory=SCRIPTED, compile_workers=0, judge_workers=judge_workers),
+    return JudgeService(cfg, PoolConfig(judge_factory=factory, compile_workers=0, judge_workers=judge_workers),
                         ServiceConfig(db=tmp_path / "results.sqlite", max_pending=max_pending,
                                       max_request_bytes=max_request_bytes, retry_after_s=1))
 
@@ -233,6 +234,25 @@ def test_a_run_with_other_judge_settings_is_a_conflict(tmp_path):
 
 
 # --------------------------------------------------------------------------------- faults
+def test_a_service_whose_judges_cannot_start_says_so(tmp_path):
+    s = LoopbackServer(make_service(tmp_path, factory="pool_fakes:BrokenJudge"))
+    try:
+        deadline = time.monotonic() + 120
+        with httpx.Client(base_url=s.url, headers=AUTH) as http:
+            while http.get("/v1/health").json()["status"] != "broken" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            health = http.get("/v1/health")
+            assert health.status_code == 503 and "CUDA is not available" in health.json()["detail"]
+            assert http.post("/v1/submissions", json=body()).status_code == 503
+        with JudgeClient(s.url, TOKEN, config=ClientConfig(retries=1, max_backoff_s=0.1)) as client:
+            with pytest.raises(ServiceError, match="cannot judge"):
+                client.wait_ready(10)
+            with pytest.raises(ServiceError, match="503"):
+                client.submit(task(0), scripted())
+    finally:
+        s.stop()
+
+
 def test_a_restart_keeps_finished_verdicts_and_judges_again_what_was_in_flight(tmp_path):
     db = tmp_path / "results.sqlite"
     s = LoopbackServer(make_service(tmp_path))

@@ -75,9 +75,10 @@ class JudgeClient:
         self._poller.start()
 
     # ------------------------------------------------------------------------------ HTTP
-    def _request(self, method: str, path: str, *, json: dict | None = None, timeout: float | None = None,
-                 deadline: float | None = None, http_timeout: float | None = None) -> httpx.Response:
-        """One request, retried as the module docstring says. Returns a 2xx response."""
+    def _request(self, method: str, path: str, *, json: dict | None = None, deadline: float | None = None,
+                 http_timeout: float | None = None, accept: tuple[int, ...] = ()) -> httpx.Response:
+        """One request, retried as the module docstring says. Returns a 2xx response (or one whose
+        status is in `accept`)."""
         failures = 0
         while True:
             wait = None
@@ -89,15 +90,17 @@ class JudgeClient:
                 if failures > self.config.retries:
                     raise ServiceError(f"{self.url}: {type(exc).__name__}: {exc} (after {failures} tries)") from None
             else:
-                if response.status_code < 300:
+                if response.status_code < 300 or response.status_code in accept:
                     return response
                 if response.status_code in _FATAL:
                     raise ServiceError(f"{self.url}{API}{path}: {response.status_code} {_detail(response)}",
                                        response.status_code)
-                if response.status_code in (429, 503):  # back-pressure or not ready: wait as asked
+                if response.status_code == 429:  # back-pressure: wait as asked, for as long as `deadline` allows
                     wait = _retry_after(response, self.config.max_backoff_s)
-                else:
+                else:  # 5xx; 503: the service cannot judge now (counted: it may not recover by itself)
                     failures += 1
+                    if response.status_code == 503:
+                        wait = _retry_after(response, self.config.max_backoff_s)
                     if failures > self.config.retries:
                         raise ServiceError(f"{self.url}{API}{path}: {response.status_code} {_detail(response)} "
                                            f"(after {failures} tries)", response.status_code)
@@ -136,7 +139,7 @@ class JudgeClient:
         return self.submit(task, candidate, timeout).result(timeout)
 
     def health(self) -> Health:
-        return Health.model_validate_json(self._request("GET", "/health").content)
+        return Health.model_validate_json(self._request("GET", "/health", accept=(503,)).content)
 
     def info(self) -> ServiceInfo:
         return ServiceInfo.model_validate_json(self._request("GET", "/info").content)
