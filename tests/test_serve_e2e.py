@@ -100,7 +100,7 @@ def test_serve_judges_cpp_candidates_and_survives_a_kill(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
     gelu, sum_rows, bad = verdicts
     assert gelu.correct and sum_rows.correct, (gelu.summary(), sum_rows.summary())
-    assert not bad.compiled and bad.failure.category.value == "compile"
+    assert not bad.compiled and bad.failure.category.value == "compile", bad.failure.message
     with sqlite3.connect(tmp_path / "results.sqlite") as conn:
         rows = conn.execute("SELECT task_name, candidate_hash FROM verdicts WHERE run='e2e'").fetchall()
         states = conn.execute("SELECT state, COUNT(*) FROM service_jobs GROUP BY state").fetchall()
