@@ -409,3 +409,23 @@ def test_bench_judges_through_the_service(server, tmp_path):
     assert {r.task_name for r in result.records} <= set(suite_solutions("cpu"))
     with sqlite3.connect(tmp_path / "results.sqlite") as conn:
         assert conn.execute("SELECT COUNT(*) FROM verdicts WHERE run='remote'").fetchone()[0] == result.judged_now
+
+
+def test_serve_refuses_to_start_without_a_good_token(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import app
+
+    monkeypatch.delenv("CUDA_AGENT_SERVE_TOKEN", raising=False)
+    runner = CliRunner()
+    res = runner.invoke(app, ["serve", "--device", "cpu"])
+    assert res.exit_code == 2 and "token is required" in res.output
+    short = tmp_path / "token"
+    short.write_text("abc\n")
+    res = runner.invoke(app, ["serve", "--token-file", str(short)])
+    assert res.exit_code == 2 and "at least 16" in res.output
+    res = runner.invoke(app, ["serve", "--token-file", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "missing" in res.output
+    short.write_text(TOKEN)
+    res = runner.invoke(app, ["serve", "--token-file", str(short), "-c", "no_such_field=1"])
+    assert res.exit_code == 2 and "no_such_field" in res.output

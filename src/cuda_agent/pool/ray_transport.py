@@ -41,6 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from cuda_agent import host
 from cuda_agent.judge.config import JudgeConfig
 
 from .transport import Placement, PlacementError, Stop, WorkerGone, WorkerSpec
@@ -103,7 +104,7 @@ def _node_local_cores(spec: WorkerSpec) -> dict:
     node_id = ray.get_runtime_context().get_node_id()
     node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), {})
     node_gpus = int(node.get("Resources", {}).get("GPU", 0))
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = host.usable_cpus()
     if node_gpus == 0 or len(allowed) < 4 * node_gpus:
         return {}
     rest = allowed[2 * node_gpus:]

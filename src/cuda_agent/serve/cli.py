@@ -7,8 +7,16 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 
 TOKEN_ENV = "CUDA_AGENT_SERVE_TOKEN"
+EXIT_USAGE, EXIT_JUDGE = 2, 3
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = EXIT_JUDGE) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
 
 
 def read_token(token_file: Path | None) -> str:
@@ -67,36 +75,40 @@ def serve_cmd(
     """
     from pydantic import ValidationError
 
-    from cuda_agent.cli import _fail, build_config, err
     from cuda_agent.db import DBError, default_db_path
-    from cuda_agent.judge import JudgeError
+    from cuda_agent.judge import JudgeConfig, JudgeError
     from cuda_agent.pool import PoolConfig, PoolError
+    from cuda_agent.settings import SettingsError, load
 
     try:
         token = read_token(token_file)
     except ValueError as exc:
-        _fail(str(exc), 2)
+        _fail(str(exc), EXIT_USAGE)
     try:
         import uvicorn
 
         from .app import create_app
     except ImportError as exc:
-        _fail(f"the service needs its extra: pip install 'cuda-agent[serve]' ({exc})", 2)
+        _fail(f"the service needs its extra: pip install 'cuda-agent[serve]' ({exc})", EXIT_USAGE)
     from .service import JudgeService, ServiceConfig
 
-    cfg = build_config(config, set_, device=device, policy=policy, compile_mode=compile_mode)
+    try:  # as every command reads the judge's settings: the file, then -c, then the flags
+        cfg = load(JudgeConfig, config, set_ or [], section="judge",
+                   flags={"device": device, "policy": policy, "compile_mode": compile_mode}, what="judge settings")
+    except SettingsError as exc:
+        _fail(str(exc), EXIT_USAGE)
     try:
         pool_config = PoolConfig(judge_workers=workers, compile_workers=compile_workers, time_limit_s=time_limit)
         service_config = ServiceConfig(db=db or default_db_path(cfg.cache_dir), max_pending=max_pending,
                                        max_request_bytes=int(max_request_mb * (1 << 20)))
     except ValidationError as exc:
-        _fail(f"invalid settings:\n{exc}", 2)
+        _fail(f"invalid settings:\n{exc}", EXIT_USAGE)
     transport = None
     if ray_address is not None:
         try:
             from cuda_agent.pool.ray_transport import RayTransport
         except ImportError as exc:
-            _fail(str(exc), 2)
+            _fail(str(exc), EXIT_USAGE)
         transport = RayTransport(None if ray_address == "local" else ray_address)
     try:
         service = JudgeService(cfg, pool_config, service_config, transport=transport)
