@@ -135,3 +135,26 @@ def test_no_judge_starts_when_the_cluster_has_no_room(config):
     """More judges than the cluster can hold: the pool says so at once, it does not wait forever."""
     with pytest.raises(PoolError, match="CPUs"):
         Pool(config, PoolConfig(judge_factory=test_pool.SCRIPTED, compile_workers=0, judge_workers=3))
+
+
+def test_the_real_judge_and_a_compile_worker_as_actors(tmp_path):
+    """The real judge in a Ray actor (its sandboxed candidate processes included) judges a C++
+    candidate that a compile actor builds; the baselines land in the driver's database."""
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import JudgeConfig
+    from cuda_agent.suite import suite_solutions, suite_tasks
+
+    cfg = JudgeConfig(device="cpu", compile_mode="none", n_timed=3, cache_dir=tmp_path / "cache")
+    t = next(t for t in suite_tasks("cpu") if t.name == "5_Sum_Rows")
+    cand = Candidate.from_path(suite_solutions("cpu")["5_Sum_Rows"])
+    db = tmp_path / "results.sqlite"
+    with Pool(cfg, PoolConfig(baseline_db=db, compile_workers=1, judge_workers=1)) as pool:
+        deadline = time.monotonic() + 300
+        while pool.workers_ready() != {"judge": 1, "compile": 1} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        v = pool.submit(t, cand).result(timeout=900)   # the compile actor takes it first
+        stats = pool.stats()
+    assert v.correct, v.summary()
+    assert stats.prebuilds == 1 and stats.worker_deaths == 0
+    with sqlite3.connect(db) as conn:
+        assert sorted(m for (m,) in conn.execute("SELECT mode FROM baselines")) == ["eager", "null"]
