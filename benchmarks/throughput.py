@@ -140,8 +140,13 @@ def run_agents(judge, tasks, originals, agents: int, steps: int, warm: bool, col
             # One workspace per agent (its build folder), as an agent edits its own files in place.
             cand = cand.model_copy(update={"origin": f"{base.origin} (agent {k})"})
             t0 = time.monotonic()
-            v = judge.submit(task, cand).result()
-            rec = StepRecord(k, i, time.monotonic() - t0, dict(v.phase_s), v.correct)
+            try:
+                v = judge.submit(task, cand).result()
+            except Exception as exc:  # noqa: BLE001 - the judge could not judge this step: a failed step
+                print(f"agent {k} step {i}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+                rec = StepRecord(k, i, time.monotonic() - t0, {}, False)
+            else:
+                rec = StepRecord(k, i, time.monotonic() - t0, dict(v.phase_s), v.correct)
             with lock:
                 records.append(rec)
 
