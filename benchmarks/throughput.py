@@ -25,7 +25,19 @@ Each candidate is its own workspace (its own build folder), as the rollouts of a
 load_inline candidates of one task share an extension name, and the builder spreads them over up
 to eight build folders of that name.
 
+Step latency (`--agents K --steps M`): K agents share the judge, each judging M steps one after
+another as an agent's environment does (submit, wait for the verdict, submit the next). Each step
+is a new source in the agent's own workspace (`--warm`: the same source every step, its build cached).
+Reported: the p50/p95/max of a step's latency and, per step, the mean wait in the queue (for the
+steps ahead of it) and the judge's phases, so the share of a step spent waiting is measured.
+
+Where the judge runs: an in-process pool of local worker processes (default), the pool's workers as
+Ray actors on a local Ray instance (`--transport ray`), or a running `cuda-agent serve` (`--judge-url
+URL`, its token in $CUDA_AGENT_SERVE_TOKEN; the service's own judge settings apply, and its
+busy fractions are not visible from here).
+
 Example (GPU):   python benchmarks/throughput.py --n 200
+                 python benchmarks/throughput.py --agents 8 --steps 10 --warm
 Example (CPU):   python benchmarks/throughput.py --device cpu --n 6 --compile-workers 1 -c compile_mode=none
                  (torch.compile's CPU baseline can take longer than the judge's per-call limit)
 """
@@ -58,6 +70,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tasks", nargs="*", help="suite task names (default: every level-1 task with a solution)")
     p.add_argument("--workers", type=int, help="judge workers (cuda: default one per GPU; cpu: default 1)")
     p.add_argument("--compile-workers", type=int, help="compile workers (default: the pool's default)")
+    p.add_argument("--agents", type=int, default=0, help="step-latency mode: this many agents share the judge")
+    p.add_argument("--steps", type=int, default=5, help="step-latency mode: steps per agent (default 5)")
+    p.add_argument("--warm", action="store_true", help="step-latency mode: the same source every step")
+    p.add_argument("--transport", choices=("local", "ray"), default="local",
+                   help="pool workers as local processes or as Ray actors (a local Ray instance)")
+    p.add_argument("--judge-url", help="judge through a running `cuda-agent serve` instead of an in-process pool")
     p.add_argument("--out", type=Path, default=Path("runs/throughput.json"))
     p.add_argument("--cache-root", type=Path, help="cache folder to use (default: a fresh temporary one, removed)")
     p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
@@ -65,7 +83,79 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.n < 1:
         p.error("--n must be at least 1")
+    if args.agents < 0 or args.steps < 1:
+        p.error("--agents must be at least 0 and --steps at least 1")
+    if args.judge_url and args.transport != "local":
+        p.error("--judge-url and --transport ray exclude each other (start the service with --ray instead)")
     return args
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation between order statistics."""
+    if not xs:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is not in [0, 100]")
+    ys = sorted(xs)
+    pos = (len(ys) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ys) - 1)
+    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
+
+
+class StepRecord:
+    """One agent step: its latency (submit to verdict) and the verdict's phases."""
+
+    __slots__ = ("agent", "step", "latency_s", "phase_s", "correct")
+
+    def __init__(self, agent: int, step: int, latency_s: float, phase_s: dict[str, float], correct: bool):
+        self.agent, self.step, self.latency_s, self.phase_s, self.correct = agent, step, latency_s, phase_s, correct
+
+
+def step_summary(records: list[StepRecord]) -> dict:
+    """p50/p95/max step latency, and per step the mean seconds waiting in the queue, in the judge's
+    phases and unaccounted for (transport: HTTP, scheduling, the verdict's way back)."""
+    lat = [r.latency_s for r in records]
+    phases = {k: mean([r.phase_s.get(k, 0.0) for r in records]) for k in PHASES}
+    judged = sum(phases[k] for k in PHASES if k not in ("pool_queue", "prebuild"))
+    return {"steps": len(records), "correct": sum(r.correct for r in records),
+            "p50_s": percentile(lat, 50), "p95_s": percentile(lat, 95), "max_s": max(lat),
+            "mean_s": mean(lat), "mean_phase_s": phases,
+            "queue_share": phases["pool_queue"] / mean(lat) if mean(lat) > 0 else 0.0,
+            "mean_unaccounted_s": max(0.0, mean(lat) - phases["pool_queue"] - judged)}
+
+
+def run_agents(judge, tasks, originals, agents: int, steps: int, warm: bool, cold_variant) -> list[StepRecord]:
+    """`agents` threads, each judging `steps` steps one after another on its own task (round-robin)
+    and workspace; a step is submitted when the previous one's verdict has arrived."""
+    records: list[StepRecord] = []
+    lock = threading.Lock()
+
+    def agent(k: int) -> None:
+        task = tasks[k % len(tasks)]
+        base = originals[task.name]
+        same = cold_variant(base, f"agent{k}", one_folder=False) if warm else None
+        for i in range(steps):
+            cand = same or cold_variant(base, uuid.uuid4().hex, one_folder=False)
+            # One workspace per agent (its build folder), as an agent edits its own files in place.
+            cand = cand.model_copy(update={"origin": f"{base.origin} (agent {k})"})
+            t0 = time.monotonic()
+            try:
+                v = judge.submit(task, cand).result()
+            except Exception as exc:  # noqa: BLE001 - the judge could not judge this step: a failed step
+                print(f"agent {k} step {i}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+                rec = StepRecord(k, i, time.monotonic() - t0, {}, False)
+            else:
+                rec = StepRecord(k, i, time.monotonic() - t0, dict(v.phase_s), v.correct)
+            with lock:
+                records.append(rec)
+
+    threads = [threading.Thread(target=agent, args=(k,), daemon=True) for k in range(agents)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return records
 
 
 def mean(xs: list[float]) -> float:
@@ -107,9 +197,28 @@ def main(argv=None) -> int:
     work = [(tasks[i % len(tasks)], cold_variant(originals[tasks[i % len(tasks)].name], uuid.uuid4().hex,
                                                           one_folder=False))
             for i in range(args.n)]
+    client = None
+    if args.judge_url:
+        import os
+
+        from cuda_agent.serve.client import JudgeClient
+
+        client = JudgeClient(args.judge_url, os.environ.get("CUDA_AGENT_SERVE_TOKEN", ""), run="throughput")
+        config = JudgeConfig.model_validate(client.info().judge_config)
+    transport = None
+    if args.transport == "ray":
+        from cuda_agent.host import usable_cores
+        from cuda_agent.pool.ray_transport import RayTransport
+
+        transport = RayTransport(num_cpus=usable_cores(), include_dashboard=False)
+    steps: list[StepRecord] = []
     try:
-        with Pool(config, pool_config) as pool:
-            console.print(f"{pool.n_judges} judge worker(s), {pool.n_compile} compile worker(s), "
+        with (client if client is not None else Pool(config, pool_config, transport)) as pool:
+            if client is not None:
+                n_judges, n_compile = client.health().judge_workers or 1, 0
+            else:
+                n_judges, n_compile = pool.n_judges, pool.n_compile
+            console.print(f"{n_judges} judge worker(s), {n_compile} compile worker(s), "
                           f"{len(tasks)} tasks: {', '.join(t.name for t in tasks)}")
             t0 = time.monotonic()
             pool.wait_ready(600)
@@ -126,37 +235,73 @@ def main(argv=None) -> int:
                 console.print(f"  {t.name}: correct={v.correct} judge_s={v.judge_s:.1f}"
                               + (f" ({v.failure.category.value})" if v.failure else ""))
             work = [(t, c) for t, c in work if t.name not in broken]
+            tasks = [t for t in tasks if t.name not in broken]
             if not work:
                 console.print("no task left to measure")
                 return 1
-            before = pool.stats()
-            futures: list = []
+            before = pool.stats() if client is None else None
             t_start = time.monotonic()
+            if args.agents:
+                # Warm: one extra step per agent, not counted, builds each agent's source first.
+                steps = run_agents(pool, tasks, originals, args.agents, args.steps + args.warm, args.warm,
+                                   cold_variant)
+                steps = [r for r in steps if not (args.warm and r.step == 0)]
+                verdicts = []
+            else:
+                futures: list = []
 
-            def feed() -> None:
-                for task, cand in work:
-                    futures.append(pool.submit(task, cand))
+                def feed() -> None:
+                    for task, cand in work:
+                        futures.append(pool.submit(task, cand))
 
-            feeder = threading.Thread(target=feed, daemon=True)
-            feeder.start()
-            feeder.join()
-            verdicts = [f.result() for f in futures]
+                feeder = threading.Thread(target=feed, daemon=True)
+                feeder.start()
+                feeder.join()
+                verdicts = [f.result() for f in futures]
             wall = time.monotonic() - t_start
-            after = pool.stats()
-            n_judges, n_compile = pool.n_judges, pool.n_compile
-            device_names = pool.device_names()
+            after = pool.stats() if client is None else None
+            device_names = pool.device_names() if client is None else client.info().device_names
     finally:
+        if transport is not None:
+            transport.close()
         if own_root:
             shutil.rmtree(root, ignore_errors=True)
+
+    if args.agents:
+        summary = step_summary(steps)
+        table = Table(title=f"Step latency: {args.agents} agents x {args.steps} {'warm' if args.warm else 'cold'} "
+                            f"steps in {wall:.1f} s")
+        table.add_column("")
+        table.add_column("value", justify="right")
+        for k in ("p50_s", "p95_s", "max_s", "mean_s"):
+            table.add_row(f"step latency {k[:-2]} (s)", f"{summary[k]:.2f}")
+        table.add_row("correct", f"{summary['correct']}/{summary['steps']}")
+        for k in PHASES:
+            table.add_row(f"mean s per step: {k}", f"{summary['mean_phase_s'][k]:.2f}")
+        table.add_row("share of a step waiting in the queue", f"{100 * summary['queue_share']:.0f}%")
+        table.add_row("mean s per step outside the judge (transport)", f"{summary['mean_unaccounted_s']:.2f}")
+        console.print(table)
+        report = {"benchmark": "step_latency", "argv": sys.argv[1:] if argv is None else list(argv),
+                  "environment": {"python": platform.python_version(), "platform": platform.platform(),
+                                  "device": config.device, "device_names": device_names},
+                  "judge_config": json.loads(config.model_dump_json(exclude={"cache_dir"})),
+                  "where": args.judge_url and "service" or args.transport, "agents": args.agents,
+                  "steps": args.steps, "warm": args.warm, "wall_s": wall, "judge_workers": n_judges, **summary,
+                  "records": [{"agent": r.agent, "step": r.step, "latency_s": r.latency_s, "phase_s": r.phase_s}
+                              for r in steps]}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {args.out}")
+        return 0
 
     per_hour = len(verdicts) / wall * 3600 / n_judges
     phases = {k: mean([v.phase_s.get(k, 0.0) for v in verdicts]) for k in PHASES}
     judge_s = mean([v.judge_s or 0.0 for v in verdicts])
     in_judge = sum(phases[k] for k in ("build", "baseline", "start", "calls"))
     phases["other"] = max(judge_s - in_judge, 0.0)
-    prebuilt = after.prebuilt_in_time - before.prebuilt_in_time
-    judge_busy = (after.judge_s - before.judge_s) / (wall * n_judges)
-    compile_busy = (after.prebuild_s - before.prebuild_s) / (wall * n_compile) if n_compile else None
+    prebuilt = (after.prebuilt_in_time - before.prebuilt_in_time) if after else 0
+    judge_busy = (after.judge_s - before.judge_s) / (wall * n_judges) if after else None
+    compile_busy = (after.prebuild_s - before.prebuild_s) / (wall * n_compile) if after and n_compile else None
     unit = "GPU-hour" if args.device == "cuda" else "judge-worker-hour (CPU backend)"
 
     table = Table(title=f"Throughput: {len(verdicts)} distinct L1 candidates in {wall:.1f} s")
@@ -165,7 +310,7 @@ def main(argv=None) -> int:
     table.add_row(f"judged per {unit}", f"{per_hour:.0f}")
     table.add_row("correct", f"{sum(v.correct for v in verdicts)}/{len(verdicts)}")
     table.add_row("built ahead by a compile worker", f"{prebuilt}/{len(verdicts)}")
-    table.add_row("judge workers busy", f"{100 * judge_busy:.0f}%")
+    table.add_row("judge workers busy", "-" if judge_busy is None else f"{100 * judge_busy:.0f}%")
     table.add_row("compile workers busy", "-" if compile_busy is None else f"{100 * compile_busy:.0f}%")
     for k in PHASES + ("other",):
         table.add_row(f"mean s per candidate: {k}", f"{phases[k]:.2f}")

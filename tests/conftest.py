@@ -31,6 +31,8 @@ SLOW_MODULES = frozenset({
     "test_sandbox.py",            # real sandboxed processes, judged candidates (the observer is built)
     "test_tolerance.py",          # judged candidates and references (the observer is built)
     "test_train_stages.py",       # training stages with a tiny model: updates, checkpoints, a killed run resumed
+    "test_pool_ray.py",           # starts a local Ray instance and a Ray actor per worker (~90 s)
+    "test_serve_e2e.py",          # the service judges C++ candidates, is killed and restarted
 })
 
 # Single slow tests in modules that are otherwise fast (module file name -> test function names).
@@ -43,6 +45,11 @@ SLOW_TESTS = {
                             "test_a_worker_set_up_failure_is_the_judges_not_the_candidates"},
     "test_pool.py": {"test_real_judge_through_the_pool_keeps_baselines_in_the_database"},
     "test_ncu.py": {"test_profile_tool_on_a_bundled_solution"},   # judges and profiles built solutions (GPU)
+    # the service on loopback: restarts, waits for back-pressure, and the load test of 1,000 submissions
+    "test_serve.py": {"test_a_restart_keeps_finished_verdicts_and_judges_again_what_was_in_flight",
+                      "test_a_full_queue_answers_429_and_the_client_waits_it_out",
+                      "test_the_client_retries_through_a_restart",
+                      "test_many_clients_with_duplicates_lose_and_duplicate_no_verdict"},
     "test_prebuild.py": {"test_a_prebuilt_candidate_is_a_cache_hit_for_the_judge",
                          "test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate",
                          "test_workspace_builds_link_one_shared_binding_object"},

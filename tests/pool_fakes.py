@@ -6,6 +6,8 @@ seconds. A candidate's source says what its judging does, one directive per line
     # die                 kill the worker process
     # die-once: PATH      kill the worker the first time (PATH marks that it happened)
     # judge-error         raise JudgeError (the judge cannot work on the task)
+    # baseline            read the task's eager baseline from the judge's store, else store one
+                          (the verdict's notes say which: "baseline: stored" or "baseline: found")
 
 Everything else is judged correct, with a runtime the source names (`# runtime: 2.0`), so the
 verdicts carry real numbers through the pool. Each verdict records when judging started and ended
@@ -40,7 +42,7 @@ def _timing(ms: float) -> Timing:
 class ScriptedJudge:
     def __init__(self, config, baseline_store=None):
         self.config = config
-        self.device_name = f"scripted {os.getpid()}"
+        self.device_name = "scripted"   # one machine model (tests tell workers apart by pid)
         self.arch = None
         self.baseline_store = baseline_store
 
@@ -60,15 +62,36 @@ class ScriptedJudge:
         if "judge-error" in d:
             raise JudgeError(f"task {task.name}: the reference does not import")
         time.sleep(float(d.get("sleep", "0")))
+        notes = []
+        if "baseline" in d:
+            notes.append(self._baseline(task))
         runtime = float(d.get("runtime", "1.0"))
         v = Verdict(task_id=task.id, task_name=task.name, candidate_hash=candidate.hash, device="cpu",
                     device_name=self.device_name, compiled=True, correct=True, runtime=_timing(runtime),
-                    eager=_timing(2.0))
+                    eager=_timing(2.0), notes=notes)
         v.phase_s.update({"started_at": started, "ended_at": time.time(), "pid": float(os.getpid())})
         return v
 
+    def _baseline(self, task) -> str:
+        from cuda_agent.judge.baselines import Baseline, BaselineKey
+
+        key = BaselineKey(harness_version=0, task_id=task.id, device_name=self.device_name, torch_version="scripted",
+                          mode="eager", flush_l2=False, n_timed=1, n_warmup=0)
+        if self.baseline_store.get(key) is not None:
+            return "baseline: found"
+        self.baseline_store.put(key, Baseline(timing=_timing(2.0), overhead_ms=0.0))
+        return "baseline: stored"
+
     def close(self) -> None:
         pass
+
+
+class TwoModelJudge(ScriptedJudge):
+    """Scripted judges on two GPU models: even sandbox uids (pool slots) are one, odd the other."""
+
+    def __init__(self, config, baseline_store=None):
+        super().__init__(config, baseline_store)
+        self.device_name = f"model {(config.sandbox_uid or 0) % 2}"
 
 
 class BrokenJudge:

@@ -192,3 +192,17 @@ def test_real_judge_through_the_pool_keeps_baselines_in_the_database(tmp_path):
     with Pool(cfg, PoolConfig(baseline_db=db, compile_workers=0)) as pool:
         again = pool.submit(tasks[0], cands[0]).result(timeout=600)
     assert again.correct and again.eager == first[0].eager, "the stored eager baseline was reused"
+
+
+def test_baselines_are_per_gpu_model(config):
+    """A task's first candidate runs alone on each GPU model: the other model measures its own baselines."""
+    with Pool(config, PoolConfig(judge_factory="pool_fakes:TwoModelJudge", compile_workers=0, judge_workers=2)) as pool:
+        pool.wait_ready(120)
+        deadline = time.monotonic() + 120
+        while pool.workers_ready()["judge"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.device_names() == ["model 0", "model 1"]
+        futures = [pool.submit(task(0), scripted("sleep: 1.0", tag=str(i))) for i in range(2)]
+        a, b = [f.result(timeout=120) for f in futures]
+    assert {a.device_name, b.device_name} == {"model 0", "model 1"}
+    assert abs(a.phase_s["started_at"] - b.phase_s["started_at"]) < 0.6, "each model's first candidate ran at once"

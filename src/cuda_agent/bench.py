@@ -203,12 +203,16 @@ def judge_failure_counts(records: list) -> dict[str, int]:
 def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels: list[int] | None = None,
               out: Path | None = None, db_path: Path | None = None, run_name: str | None = None,
               pool_config: PoolConfig | None = None, report: Path | None = None, count_missing: bool = False,
-              reward: RewardConfig | None = None) -> BenchResult:
+              reward: RewardConfig | None = None, judge=None) -> BenchResult:
     """Judge the plan's pairs into the run `run_name` (resuming it when it exists) and print the
     tables. `reward`: how the run's verdicts are scored (the table, the report, the database's
     reward column); it is recorded as the run's reward settings and is free to change between
-    invocations of a run, unlike the judge's settings (`settings_digest`)."""
+    invocations of a run, unlike the judge's settings (`settings_digest`). `judge`: a
+    `cuda_agent.serve.client.JudgeClient` to judge through a running `cuda-agent serve` instead of
+    an in-process pool; the run then records the service's judge settings."""
     reward = reward or RewardConfig()
+    if judge is not None:  # where its results database goes stays this machine's choice
+        config = JudgeConfig.model_validate(judge.info().judge_config | {"cache_dir": str(config.cache_dir)})
     if not console.is_terminal and console.width < 160:
         console.width = 160  # a redirected run is read in a file or a log: do not cut columns to 80
     plan = plan_bench(spec, solutions, config.device, levels)
@@ -251,7 +255,10 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
             db.update_run_info(run_name, torch_builds=sorted({*mixed, now}))
         counts = {"judged": 0, "failed": 0}
         pool_error: str | None = None
-        if todo:
+        if todo and judge is not None:
+            judge.run = run_name  # the service stores its verdicts under the same run name
+            pool_error = _judge_all(judge, todo, db, run_name, counts)
+        elif todo:
             pc = pool_config or PoolConfig()
             pc = pc.model_copy(update={"baseline_db": pc.baseline_db or db_path})
             with Pool(config, pc) as pool:

@@ -181,6 +181,10 @@ def bench_cmd(
     report: Annotated[Optional[Path], typer.Option("--report", help="also write the run's HTML report here")] = None,
     count_missing: Annotated[bool, typer.Option(
         "--count-missing", metavar="", help="count tasks without a solution as failures in the metrics")] = False,
+    judge_url: Annotated[Optional[str], typer.Option(
+        "--judge-url", envvar="CUDA_AGENT_JUDGE_URL",
+        help="judge through a running `cuda-agent serve` at this URL (its token in $CUDA_AGENT_SERVE_TOKEN) "
+             "instead of an in-process pool; the service's judge settings apply")] = None,
     device: DeviceOpt = None, policy: PolicyOpt = None, compile_mode: CompileOpt = None,
     config: ConfigOpt = None, set_: SetOpt = None,
 ) -> None:
@@ -207,13 +211,29 @@ def bench_cmd(
         pool_config = PoolConfig(judge_workers=workers, compile_workers=compile_workers, time_limit_s=time_limit)
     except ValidationError as exc:
         _fail(str(explain(PoolConfig, exc, "pool settings (--workers, --compile-workers, --time-limit)")), 2)
+    client = None
+    errors: tuple[type[Exception], ...] = (TaskError, JudgeError, PoolError, DBError)
+    if judge_url:
+        import os
+
+        from cuda_agent.serve.client import JudgeClient, ServiceError
+
+        token = os.environ.get("CUDA_AGENT_SERVE_TOKEN", "")
+        if not token:
+            _fail("--judge-url needs the service's token in $CUDA_AGENT_SERVE_TOKEN", 2)
+        client = JudgeClient(judge_url, token)
+        errors += (ServiceError,)
     try:
         result = run_bench(tasks, solutions, cfg, levels=level, out=out, db_path=db, run_name=run,
-                           pool_config=pool_config, report=report, count_missing=count_missing, reward=reward)
+                           pool_config=pool_config, report=report, count_missing=count_missing, reward=reward,
+                           judge=client)
     except BenchUsageError as exc:
         _fail(str(exc), 2)
-    except (TaskError, JudgeError, PoolError, DBError) as exc:
+    except errors as exc:
         _fail(str(exc))
+    finally:
+        if client is not None:
+            client.shutdown(wait=False)
     if result.pool_error:  # the table and files are written; the pairs it left are recorded, to resume
         _fail(f"the pool broke, {result.failed_now} pairs not judged (rerun with --run {result.run} to retry "
               f"them): {result.pool_error}")
@@ -320,6 +340,9 @@ _register_agent(app)
 _register_train(app)
 app.command("synth")(synth_cmd)
 app.command("sol")(sol_cmd)
+from cuda_agent.serve.cli import serve_cmd  # noqa: E402  (defined with the serve package)
+
+app.command("serve")(serve_cmd)
 
 
 def main() -> None:  # pragma: no cover

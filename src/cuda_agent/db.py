@@ -390,6 +390,13 @@ class ResultsDB:
         """The run's pairs the judge could not judge (see `records`)."""
         return [r for r in self.records(run, latest_per_solution=latest_per_solution) if isinstance(r, StoredFailure)]
 
+    def verdict_for(self, run: str, task_id: str, task_name: str, candidate_hash: str) -> Verdict | None:
+        """The stored verdict of one pair of `run`, or None."""
+        with self._lock:
+            row = self._conn.execute("SELECT verdict FROM verdicts WHERE run=? AND task_id=? AND task_name=? AND "
+                                     "candidate_hash=?", (run, task_id, task_name, candidate_hash)).fetchone()
+        return None if row is None else Verdict.model_validate_json(row[0])
+
     def candidate(self, hash_: str) -> Candidate | None:
         with self._lock:
             row = self._conn.execute("SELECT kind, origin, model_new, kernels FROM candidates WHERE hash=?",

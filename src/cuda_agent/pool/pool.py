@@ -11,9 +11,9 @@ Scheduling (one dispatcher thread):
 * the queue is bounded: `submit` blocks while `max_queue` candidates wait (back-pressure);
 * an idle judge worker takes the oldest waiting candidate whose build is done (or not needed),
   else the oldest one; a prebuild that has not started by then is dropped (the judge builds);
-* a task's first candidate runs alone until it finishes: it measures (or loads) the task's eager
-  and torch.compile baselines, which every later candidate of that task then reuses, so each task
-  pays for torch.compile once;
+* a task's first candidate on each GPU model runs alone until it finishes: it measures (or loads)
+  the task's eager and torch.compile baselines on that model, which every later candidate of that
+  task on a GPU of that model then reuses, so each task pays for torch.compile once per model;
 * each candidate has a time limit on its judge worker (`time_limit_s`, plus `baseline_allowance_s`
   for a task's first candidate). A worker past it is wedged (a hung CUDA context, a stuck driver
   call): it is killed and replaced, and the candidate gets a `timeout` verdict;
@@ -48,8 +48,8 @@ from cuda_agent.judge.harness import JudgeError
 from cuda_agent.judge.verdict import Failure, FailureCategory, Verdict
 from cuda_agent.tasks import Task
 
-from .transport import (CompileRequest, Hello, JudgeReply, JudgeRequest, LocalTransport, PrebuildReport,
-                        StartupFailed, Stop, Transport, WorkerGone, WorkerHandle, WorkerSpec)
+from .transport import (CompileRequest, Hello, JudgeReply, JudgeRequest, LocalTransport, PlacementError,
+                        PrebuildReport, StartupFailed, Stop, Transport, WorkerGone, WorkerHandle, WorkerSpec)
 
 MAX_SLOTS = 64          # per role; sets the range of sandbox uids a pool uses
 START_ATTEMPTS = 3      # consecutive failed starts before a worker slot is given up
@@ -119,6 +119,11 @@ class _Job:
     claimed: bool = False          # its future was marked running (done once, on the first pick)
     started: float | None = None
     deadline: float | None = None
+    device_name: str = ""          # the GPU model of the judge worker it was given to
+
+    @property
+    def baseline_key(self) -> tuple[str, str]:
+        return (self.task.id, self.device_name)
 
 
 @dataclass
@@ -144,32 +149,11 @@ class Pool:
         self.config = config
         self.pool_config = pc = pool_config or PoolConfig()
         self.transport = transport or LocalTransport()
-        cores = host.usable_cores()
-        if config.device == "cuda":
-            gpus = visible_gpus()
-            if not gpus:
-                raise JudgeError("device 'cuda' requested but no GPU is visible (use --device cpu)")
-            n_judges = pc.judge_workers or len(gpus)
-            if n_judges > len(gpus):
-                raise PoolError(f"{n_judges} judge workers asked for, {len(gpus)} GPUs visible: "
-                                "one judge per GPU keeps timings free of each other's load")
-            envs = [{"CUDA_VISIBLE_DEVICES": gpus[i]} for i in range(n_judges)]
-            default_compile = max(1, cores - n_judges - 1)
-        else:
-            n_judges = pc.judge_workers or 1
-            envs = [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(n_judges)]
-            default_compile = max(0, cores - n_judges - 1) if cores >= 4 else 0
-        n_compile = pc.compile_workers if pc.compile_workers is not None else default_compile
-        # On CUDA, two cores per GPU for the judge and the candidate it is timing, where at least as
-        # many are left for compiling: a loaded core delays the judge's clock and the candidate's launches.
-        allowed = host.usable_cpus()
-        timing: list[list[int] | None] = [None] * n_judges
-        rest: list[int] | None = None
-        if config.device == "cuda" and len(allowed) >= 4 * n_judges:
-            timing = [allowed[2 * i:2 * i + 2] for i in range(n_judges)]
-            rest = allowed[2 * n_judges:]
-            if pc.compile_workers is None:
-                n_compile = max(1, len(rest) - 1)
+        try:
+            place = self.transport.placement(config, pc.judge_workers, pc.compile_workers)
+        except PlacementError as exc:
+            raise PoolError(str(exc)) from None
+        n_judges, n_compile, timing, rest = place.judges, place.compile_workers, place.timing_cpus, place.spare_cpus
         if n_judges > MAX_SLOTS or n_compile > MAX_SLOTS:
             raise PoolError(f"at most {MAX_SLOTS} judge and {MAX_SLOTS} compile workers")
         self.n_judges, self.n_compile = n_judges, n_compile
@@ -188,11 +172,11 @@ class Pool:
             uid = (config.sandbox_uid + i) if config.sandbox_uid is not None else base + i
             spec = WorkerSpec(role="judge", slot=i, config=config.model_copy(update={
                                   "sandbox_uid": uid, "timing_cpus": timing[i], "spare_cpus": rest}),
-                              env=envs[i], baseline_db=pc.baseline_db, judge_factory=pc.judge_factory)
+                              env=place.judge_env[i], baseline_db=pc.baseline_db, judge_factory=pc.judge_factory)
             self._slots.append(_Slot("judge", i, spec))
         for j in range(n_compile):
             spec = WorkerSpec(role="compile", slot=j, config=config, build_uid=host.build_uid(base + MAX_SLOTS + j),
-                              build_jobs=max(1, len(rest or range(cores)) // max(1, n_compile)),
+                              build_jobs=place.build_jobs,
                               cpus=rest, nice=10)
             self._slots.append(_Slot("compile", j, spec))
 
@@ -200,8 +184,9 @@ class Pool:
         self._queue: list[_Job] = []             # waiting for a judge worker, in submission order
         self._jobs: dict[int, _Job] = {}          # every unfinished job
         self._next_id = 0
-        self._warm: set[str] = set()             # tasks whose first candidate has finished here
-        self._in_flight: dict[str, int] = {}     # task id -> candidates on judge workers
+        # Baselines are per task and GPU model: a task's first candidate on each model runs alone.
+        self._warm: set[tuple[str, str]] = set()         # (task id, device name) whose first candidate finished
+        self._in_flight: dict[tuple[str, str], int] = {}  # (task id, device name) -> candidates on judge workers
         self._archs: set[str | None] = {config.arch} if (config.arch or config.device == "cpu") else set()
         self._stats = PoolStats()
         self._closing = False
@@ -405,16 +390,16 @@ class Pool:
 
     def _release(self, job: _Job) -> None:
         """The job left its judge worker (answered, wedged or died)."""
-        left = self._in_flight.get(job.task.id, 1) - 1
+        left = self._in_flight.get(job.baseline_key, 1) - 1
         if left > 0:
-            self._in_flight[job.task.id] = left
+            self._in_flight[job.baseline_key] = left
         else:
-            self._in_flight.pop(job.task.id, None)
+            self._in_flight.pop(job.baseline_key, None)
 
     def _finish(self, job: _Job) -> None:
         """The job has its outcome: the task's baselines are settled one way or the other."""
         self._jobs.pop(job.id, None)
-        self._warm.add(job.task.id)
+        self._warm.add(job.baseline_key)
 
     def _pool_verdict(self, job: _Job, slot: _Slot, category: FailureCategory, message: str, now: float) -> Verdict:
         """A verdict the pool gives when the judge worker could not give one."""
@@ -489,7 +474,7 @@ class Pool:
                 job.prebuild = "running"
                 slot.state, slot.since, slot.job = "busy", now, job
             else:
-                job = self._pick()
+                job = self._pick(slot.device_name)
                 if job is None:
                     continue
                 try:
@@ -503,17 +488,17 @@ class Pool:
                     self._stats.prebuilt_in_time += 1
                 elif job.prebuild == "queued":
                     job.prebuild = "none"  # too late to help: the judge builds it
-                job.started = now
-                warm = job.task.id in self._warm
+                job.started, job.device_name = now, slot.device_name
+                warm = job.baseline_key in self._warm
                 job.deadline = now + self.time_limit_s + (0.0 if warm else self.baseline_allowance_s)
-                self._in_flight[job.task.id] = self._in_flight.get(job.task.id, 0) + 1
+                self._in_flight[job.baseline_key] = self._in_flight.get(job.baseline_key, 0) + 1
                 slot.state, slot.since, slot.job = "busy", now, job
 
-    def _pick(self) -> _Job | None:
-        """The job an idle judge worker takes (removed from the queue), or None."""
+    def _pick(self, device_name: str) -> _Job | None:
+        """The job an idle judge worker of GPU model `device_name` takes (removed from the queue), or None."""
         while True:
             eligible = [j for j in self._queue
-                        if j.task.id in self._warm or not self._in_flight.get(j.task.id)]
+                        if (key := (j.task.id, device_name)) in self._warm or not self._in_flight.get(key)]
             if not eligible:
                 return None
             job = next((j for j in eligible if j.prebuild in ("none", "done")), eligible[0])

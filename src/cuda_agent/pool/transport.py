@@ -20,10 +20,63 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent import host
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge.config import JudgeConfig
 from cuda_agent.judge.verdict import Verdict
 from cuda_agent.tasks import Task
+
+
+class Placement(BaseModel):
+    """How many workers of each role a pool runs, and which cores of their machine they use. The
+    transport decides it: local processes count this machine's GPUs and cores, a cluster its nodes'."""
+
+    judges: int
+    judge_env: list[dict[str, str]]                  # per judge worker, set before CUDA starts
+    timing_cpus: list[list[int] | None]              # per judge worker: cores of its timed calls
+    spare_cpus: list[int] | None = None              # cores left for spare judge processes and builds
+    compile_workers: int
+    build_jobs: int = 1                              # parallel compiler jobs per compile worker
+
+
+class PlacementError(RuntimeError):
+    """The workers asked for do not fit what the transport can reach."""
+
+
+def local_placement(config: JudgeConfig, judge_workers: int | None, compile_workers: int | None) -> Placement:
+    """This machine: one judge per visible GPU (on the CPU backend `judge_workers`, default 1) and
+    compile workers on the cores left. Raises JudgeError for CUDA without a GPU, PlacementError
+    for more judges than GPUs."""
+    from cuda_agent.judge.harness import JudgeError
+
+    cores = host.usable_cores()
+    if config.device == "cuda":
+        gpus = host.visible_gpus()
+        if not gpus:
+            raise JudgeError("device 'cuda' requested but no GPU is visible (use --device cpu)")
+        n_judges = judge_workers or len(gpus)
+        if n_judges > len(gpus):
+            raise PlacementError(f"{n_judges} judge workers asked for, {len(gpus)} GPUs visible: "
+                                 "one judge per GPU keeps timings free of each other's load")
+        envs = [{"CUDA_VISIBLE_DEVICES": gpus[i]} for i in range(n_judges)]
+        default_compile = max(1, cores - n_judges - 1)
+    else:
+        n_judges = judge_workers or 1
+        envs = [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(n_judges)]
+        default_compile = max(0, cores - n_judges - 1) if cores >= 4 else 0
+    n_compile = compile_workers if compile_workers is not None else default_compile
+    # On CUDA, two cores per GPU for the judge and the candidate it is timing, where at least as
+    # many are left for compiling: a loaded core delays the judge's clock and the candidate's launches.
+    allowed = host.usable_cpus()
+    timing: list[list[int] | None] = [None] * n_judges
+    rest: list[int] | None = None
+    if config.device == "cuda" and len(allowed) >= 4 * n_judges:
+        timing = [allowed[2 * i:2 * i + 2] for i in range(n_judges)]
+        rest = allowed[2 * n_judges:]
+        if compile_workers is None:
+            n_compile = max(1, len(rest) - 1)
+    return Placement(judges=n_judges, judge_env=envs, timing_cpus=timing, spare_cpus=rest,
+                     compile_workers=n_compile, build_jobs=max(1, len(rest or range(cores)) // max(1, n_compile)))
 
 
 class WorkerSpec(BaseModel):
@@ -108,6 +161,9 @@ class WorkerHandle(Protocol):
 
 
 class Transport(Protocol):
+    def placement(self, config: JudgeConfig, judge_workers: int | None,
+                  compile_workers: int | None) -> Placement: ...
+
     def start(self, spec: WorkerSpec) -> WorkerHandle: ...
 
     def wait(self, handles: list[WorkerHandle], timeout: float) -> None:
@@ -169,6 +225,9 @@ class LocalTransport:
 
     def __init__(self):
         self.ctx = multiprocessing.get_context("spawn")
+
+    def placement(self, config: JudgeConfig, judge_workers: int | None, compile_workers: int | None) -> Placement:
+        return local_placement(config, judge_workers, compile_workers)
 
     def start(self, spec: WorkerSpec) -> _LocalHandle:
         from .workers import worker_main

@@ -28,8 +28,8 @@ def _tie_to_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def worker_main(spec: WorkerSpec, conn) -> None:
-    _tie_to_parent(spec.parent_pid)
+def prepare_process(spec: WorkerSpec) -> None:
+    """What a worker process sets before it starts serving (any transport)."""
     # Before anything imports torch's CUDA state: which GPU this worker owns.
     os.environ.update(spec.env)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
@@ -39,10 +39,22 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         os.sched_setaffinity(0, spec.cpus)
     if spec.nice:
         os.nice(spec.nice)
+
+
+def make_server(spec: WorkerSpec, baseline_store=None) -> "_JudgeServer | _CompileServer | StartupFailed":
+    """The worker's server, or why it could not start (e.g. no CUDA device: the pool cannot use it)."""
     try:
-        server = _JudgeServer(spec) if spec.role == "judge" else _CompileServer(spec)
-    except Exception as exc:  # e.g. no CUDA device: the pool cannot use this worker at all
-        conn.send(StartupFailed(message=f"{type(exc).__name__}: {exc}"))
+        return _JudgeServer(spec, baseline_store) if spec.role == "judge" else _CompileServer(spec)
+    except Exception as exc:
+        return StartupFailed(message=f"{type(exc).__name__}: {exc}")
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    _tie_to_parent(spec.parent_pid)
+    prepare_process(spec)
+    server = make_server(spec)
+    if isinstance(server, StartupFailed):
+        conn.send(server)
         return
     conn.send(server.hello())
     try:
@@ -59,11 +71,14 @@ def worker_main(spec: WorkerSpec, conn) -> None:
 
 
 class _JudgeServer:
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec, baseline_store=None):
         module, _, attr = spec.judge_factory.partition(":")
         factory = getattr(importlib.import_module(module), attr)
         self.store = None
-        if spec.baseline_db is not None:
+        self._own_store = baseline_store is None
+        if baseline_store is not None:  # a store the transport provides (a cluster's shared one)
+            self.store = baseline_store
+        elif spec.baseline_db is not None:
             from cuda_agent.db import SqliteBaselineStore
 
             self.store = SqliteBaselineStore(spec.baseline_db)
@@ -86,7 +101,7 @@ class _JudgeServer:
 
     def close(self) -> None:
         self.judge.close()
-        if self.store is not None:
+        if self.store is not None and self._own_store:
             self.store.close()
 
 
