@@ -357,11 +357,12 @@ class Judge:
 
     def _drive(self, session: Session, ref: Reference, setup: Setup, roles: list[str],
                ev: Evaluation, deadline: float,
-               first_index: int = 0) -> tuple[list[float], list[float]]:
+               first_index: int = 0, compiling_calls: int = 0) -> tuple[list[float], list[float]]:
         """Run the calls. Every call: fresh inputs revealed only when its clock starts, the output
         compared here (unless `ev` is a baseline), the inputs read back and checked for modification.
         Returns the claimed and the outside-measured times of the timed calls. `first_index`
-        numbers the calls of a later round after those of the first."""
+        numbers the calls of a later round after those of the first. The first `compiling_calls`
+        calls compile (a torch.compile baseline's warm-up): they get a build's time limit, not a call's."""
         cfg = self.config
         dev = self.device
         proc, chan, plane = session.proc, session.chan, session.plane
@@ -410,7 +411,8 @@ class Judge:
             # ~20 us of GPU time per kernel on an H200, which would be timed with the kernel. The
             # operators it runs are observed on every call (observer.cpp), at no such cost.
             chan.send({"op": "call", "index": i, "inputs": meta, "kernels": role == "check"})
-            reply: CallReply = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+            limit_s = cfg.build_timeout_s if i - first_index < compiling_calls else cfg.call_timeout_s
+            reply: CallReply = session.recv(min(deadline, time.monotonic() + limit_s), f"call {i}")
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
@@ -557,10 +559,11 @@ class Judge:
             except _Stop as stop:
                 raise JudgeError(f"task {task.name}: {mode} baseline failed: {stop.failure.message}") from None
             try:
-                roles = ["warmup"] * (cfg.n_warmup + (2 if mode not in ("eager", "null") else 0)) + ["timed"] * cfg.n_timed
+                compiling = 2 if mode not in ("eager", "null") else 0  # torch.compile compiles on them
+                roles = ["warmup"] * (cfg.n_warmup + compiling) + ["timed"] * cfg.n_timed
                 try:
                     inside, outside = self._drive(session, ref, setup, roles, run,
-                                                  time.monotonic() + cfg.total_timeout_s)
+                                                  time.monotonic() + cfg.total_timeout_s, compiling_calls=compiling)
                 except _Stop as stop:
                     raise JudgeError(f"task {task.name}: {mode} baseline failed: {stop.failure.message}") from None
             finally:
