@@ -42,7 +42,8 @@ SLOW_TESTS = {
     "test_cli.py": {"test_eval_json_contract_for_an_honest_candidate", "test_eval_exits_zero_with_a_failing_verdict",
                     "test_build_ahead_fills_the_judges_cache"},
     "test_judge_units.py": {"test_spare_workers_are_kept_under_distinct_uids_and_used",
-                            "test_a_worker_set_up_failure_is_the_judges_not_the_candidates"},
+                            "test_a_worker_set_up_failure_is_the_judges_not_the_candidates",
+                            "test_a_torch_compile_baselines_first_calls_get_a_builds_time_limit"},
     "test_pool.py": {"test_real_judge_through_the_pool_keeps_baselines_in_the_database"},
     "test_ncu.py": {"test_profile_tool_on_a_bundled_solution"},   # judges and profiles built solutions (GPU)
     # the service on loopback: restarts, waits for back-pressure, and the load test of 1,000 submissions

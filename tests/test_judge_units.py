@@ -571,3 +571,27 @@ def test_changed_input_finds_writes_at_any_depth():
     # -0.0 and 0.0 compare equal as numbers but not as bits: a write is a write
     z = torch.zeros(2)
     assert changed_input([z], [torch.tensor([-0.0, 0.0])]) == "input 0"
+
+
+def test_a_torch_compile_baselines_first_calls_get_a_builds_time_limit(tmp_path):
+    """torch.compile compiles during the baseline's first calls, which takes seconds even on an idle
+    machine: with a call limit far below that, the baseline is still measured (its compiling calls
+    get the build's limit), and a candidate's calls keep the call limit."""
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import Judge, JudgeConfig
+    from cuda_agent.tasks import Task
+
+    task = Task.from_source(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n    def forward(self, x):\n        return torch.tanh(x) * 2 + 1\n\n"
+        "def get_inputs():\n    return [torch.randn(4096)]\n\n"
+        "def get_init_inputs():\n    return []\n", name="compile_limit")
+    cand = Candidate.from_source("import torch\nimport torch.nn as nn\n\n"
+                                 "class ModelNew(nn.Module):\n    def forward(self, x):\n"
+                                 "        return torch.tanh(x) * 2 + 1\n")
+    cfg = JudgeConfig(device="cpu", policy="lenient", compile_mode="default", call_timeout_s=1.0, n_timed=3,
+                      n_warmup=1, n_check=1, cache_dir=tmp_path)
+    with Judge(cfg) as judge:
+        v = judge.evaluate(task, cand)
+    assert v.correct, v.failure
+    assert v.compiled_ref is not None and v.compile_mode == "default"
