@@ -18,6 +18,7 @@ from rich.console import Console
 from cuda_agent.agent import Agent, AgentConfig, AgentProgress, ChatClient, ModelConfig, Reset, StepResult, Trajectory
 from cuda_agent.agent.live import LiveView
 from cuda_agent.agent.tools import tool_specs
+from cuda_agent.reward import Reward
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge.verdict import Timing, Verdict
 from cuda_agent.llm import ProviderError
@@ -224,9 +225,9 @@ class VerifyEnv:
             return StepResult(observation="ok")
         cand = Candidate.from_files("class ModelNew: pass\n", {"k.cpp": "// k\n"})
         v = Verdict(task_id=self.task.id, task_name=self.task.name, candidate_hash=cand.hash, device="cpu",
-                    compiled=True, correct=True, runtime=timing(1.0), eager=timing(1.6), reward=2.0,
-                    reward_reason="scored")
-        return StepResult(observation="verify: correct", verdict=v, candidate=cand)
+                    compiled=True, correct=True, runtime=timing(1.0), eager=timing(1.6))
+        return StepResult(observation="verify: correct", verdict=v, candidate=cand,
+                          reward=Reward(value=2.0, reason="scored"))
 
     def close(self) -> None:
         pass
@@ -272,11 +273,12 @@ def progress(**fields) -> AgentProgress:
 
 def test_the_live_view_shows_turn_tool_verdict_best_and_tokens():
     task = Task.from_source(TASK, name="relu")
-    v = VerifyEnv(task).step(type("Call", (), {"name": "verify"})()).verdict
+    step = VerifyEnv(task).step(type("Call", (), {"name": "verify"})())
+    v, r = step.verdict, step.reward
     console = Console(record=True, width=140, force_terminal=True, color_system=None)
     with LiveView(console, live=True) as view:
         view.update(progress(tool="write_file", ok=True))
-        view.update(progress(tool="verify", ok=True, verdict=v, best=v, best_turn=3))
+        view.update(progress(tool="verify", ok=True, verdict=v, reward=r, best=v, best_reward=r, best_turn=3))
     text = console.export_text()
     for needle in ("my_module", "turn 3/150", "1m15s", "12.3k in", "verify", "correct", "1.60x vs eager",
                    "best: reward 2", "(turn 3)", "context 9.0k/128.0k"):
@@ -291,8 +293,9 @@ def test_without_a_terminal_the_view_writes_one_line_per_tool_call():
         view.update(progress(tool="compile", ok=False))
         view.update(progress(event="model", tool_calls=0, turn=4))         # a reply that called no tool
         # no torch.compile baseline was timed (--compile-mode none): the best is told vs eager
-        v = VerifyEnv(Task.from_source(TASK, name="relu")).step(type("Call", (), {"name": "verify"})()).verdict
-        view.update(progress(tool="verify", ok=True, verdict=v, best=v, best_turn=5, turn=5))
+        step = VerifyEnv(Task.from_source(TASK, name="relu")).step(type("Call", (), {"name": "verify"})())
+        v, r = step.verdict, step.reward
+        view.update(progress(tool="verify", ok=True, verdict=v, reward=r, best=v, best_reward=r, best_turn=5, turn=5))
     lines = console.export_text().splitlines()
     assert lines == ["turn 3/150 compile: failed | no correct candidate yet | tokens 13.0k",
                      "turn 4/150 model: the reply called no tool | no correct candidate yet | tokens 13.0k",
@@ -322,7 +325,7 @@ def test_a_resumed_run_names_the_other_torch_builds_it_holds(tmp_path):
             task = Task.from_source(TASK + f"# {name}\n", name=name)
             cand = Candidate.from_files(f"class ModelNew: pass\n# {name}\n", {})
             db.add_verdict("r", task, cand, Verdict(task_id=task.id, task_name=name, candidate_hash=cand.hash,
-                                                    device="cpu", versions={"torch": version}))
+                                                    device="cpu", versions={"torch": version}), reward=-1.0)
         assert _other_torch_builds(db, "r") == ["2.11.0+cu130"]
 
 

@@ -156,7 +156,7 @@ window.addEventListener("load", function () {
   let worst = 0, what = "";
   document.querySelectorAll("pre, table").forEach(function (el) {
     const over = el.getBoundingClientRect().right - width;
-    if (over > worst) { worst = over; what = el.tagName; }
+    if (over > worst) { worst = over; what = el.tagName + (el.className ? "." + el.className.split(" ").join(".") : ""); }
   });
   document.body.dataset.overflow = Math.ceil(worst) + ":" + what;
 });
@@ -175,9 +175,8 @@ def test_an_expanded_row_stays_inside_the_window(tmp_path):
         cand = Candidate.from_files("import cuda_extension\nclass ModelNew: pass\n",
                                     {"wide.cu": "__global__ void k() {\n" + line * 3 + "}\n"}, origin="/s/wide")
         v = Verdict(task_id=task.id, task_name=task.name, candidate_hash=cand.hash, device="cuda", device_name="H200",
-                    compiled=True, correct=True, eager=timing(2.0), runtime=timing(1.0), reward=2.0,
-                    reward_reason="scored")
-        db.add_verdict("wide", task, cand, v)
+                    compiled=True, correct=True, eager=timing(2.0), runtime=timing(1.0))
+        db.add_verdict("wide", task, cand, v, reward=reward_of(v).value)
     out = write_report(path, ["wide"], tmp_path / "wide.html")
     page = tmp_path / "measured.html"
     page.write_text(out.read_text().replace("</body>", MEASURE + "</body>"))
@@ -186,7 +185,7 @@ def test_an_expanded_row_stays_inside_the_window(tmp_path):
          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=180, env={**os.environ, "HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr[-3000:]
-    found = re.search(r'data-overflow="(-?\d+):(\w*)"', res.stdout)
+    found = re.search(r'data-overflow="(-?\d+):([\w.]*)"', res.stdout)
     assert found, "the measuring script did not run"
     assert int(found.group(1)) <= 0, f"a {found.group(2)} runs {found.group(1)} px past the window's right edge"
 

@@ -300,7 +300,7 @@ def test_a_verdict_committed_before_a_crash_is_not_judged_again(tmp_path):
         db.open_run("serve", spec="serve", device="cpu", settings_digest=settings_digest(cfg), info={})
         jobs = JobStore(tmp_path / "results.sqlite")
         jobs.put_queued(sub, t, c)                                         # accepted ...
-        db.add_verdict("serve", t, c, ScriptedJudge(cfg).evaluate(t, c))   # ... judged, committed, then the crash
+        db.add_verdict("serve", t, c, ScriptedJudge(cfg).evaluate(t, c), reward=1.0)   # ... judged, committed, then the crash
         jobs.close()
     service = make_service(tmp_path)
     try:
@@ -405,7 +405,7 @@ def test_bench_judges_through_the_service(server, tmp_path):
         result = run_bench("suite", None, local, levels=[1], db_path=tmp_path / "bench.sqlite", run_name="remote",
                            judge=client)
     assert result.judged_now == len(result.records) > 0 and result.failed_now == 0
-    assert all(r.verdict.reward_reason == "scripted" for r in result.verdicts), "judged by the service's judges"
+    assert all(r.verdict.device_name == "scripted" for r in result.verdicts), "judged by the service's judges"
     assert {r.task_name for r in result.records} <= set(suite_solutions("cpu"))
     with sqlite3.connect(tmp_path / "results.sqlite") as conn:
         assert conn.execute("SELECT COUNT(*) FROM verdicts WHERE run='remote'").fetchone()[0] == result.judged_now

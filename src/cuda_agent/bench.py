@@ -257,7 +257,7 @@ def run_bench(spec: str, solutions: Path | None, config: JudgeConfig, *, levels:
         pool_error: str | None = None
         if todo and judge is not None:
             judge.run = run_name  # the service stores its verdicts under the same run name
-            pool_error = _judge_all(judge, todo, db, run_name, counts)
+            pool_error = _judge_all(judge, todo, db, run_name, counts, reward)
         elif todo:
             pc = pool_config or PoolConfig()
             pc = pc.model_copy(update={"baseline_db": pc.baseline_db or db_path})

@@ -37,6 +37,7 @@ from cuda_agent.judge.config import JudgeConfig
 from cuda_agent.judge.harness import JudgeError
 from cuda_agent.judge.verdict import Verdict
 from cuda_agent.pool import Pool, PoolConfig, PoolError
+from cuda_agent.reward import RewardConfig, reward_of
 from cuda_agent.tasks import Task
 
 from .records import Health, JudgeFailureInfo, ServiceInfo, State, Submission, SubmitRequest, submission_id
@@ -163,7 +164,7 @@ class JudgeService:
         self.pool = Pool(judge_config, pool_config, transport)
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
-        self._runs: set[str] = set()
+        self._runs: dict[str, RewardConfig] = {}  # run -> how its verdicts are scored in the database
         self._feed: queue.Queue = queue.Queue()
         self._outcomes: queue.Queue = queue.Queue()
         self._closing = False
@@ -194,12 +195,12 @@ class JudgeService:
         if run in self._runs:
             return
         try:
-            self.db.open_run(run, spec="serve", device=self.judge_config.device, settings_digest=self.settings,
+            info, _ = self.db.open_run(run, spec="serve", device=self.judge_config.device, settings_digest=self.settings,
                              info={"config": json.loads(self.judge_config.model_dump_json()), "service": True,
                                    "started": time.time()})
         except DBError as exc:
             raise RunConflict(str(exc)) from None
-        self._runs.add(run)
+        self._runs[run] = info.reward()
 
     # ---------------------------------------------------------------------------------- requests
     def submit(self, request: SubmitRequest) -> tuple[Submission, bool]:
@@ -332,7 +333,8 @@ class JudgeService:
     def _commit(self, pending: _Pending, verdict: Verdict | None, error: BaseException | None, categorise) -> None:
         sub = pending.sub
         if verdict is not None:
-            self.db.add_verdict(sub.run, pending.task, pending.candidate, verdict)   # committed first
+            reward = reward_of(verdict, self._runs.get(sub.run) or RewardConfig()).value
+            self.db.add_verdict(sub.run, pending.task, pending.candidate, verdict, reward=reward)   # committed first
             self.jobs.finish(sub.id, State.DONE, verdict=verdict)
             counter = "verdicts"
         else:

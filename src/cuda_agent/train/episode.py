@@ -266,7 +266,7 @@ class _Rewarder:
             return self.submitted
         correct = [v for v in self.verdicts if v.correct]
         if correct:
-            return max(correct, key=rank)
+            return max(correct, key=lambda v: rank(v, reward_of(v, self.config)))
         return self.verdicts[-1] if self.verdicts else None
 
     def summaries(self) -> list[dict]:
