@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--min-ms", type=float, default=None)
     ap.add_argument("--max-ms", type=float, default=None)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                    help="check torch.compile against eager (default: on for cuda, off for cpu)")
+                    help="check torch.compile against eager (default: on, on every device)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds of generation: start no new candidate after this (the sample may be short)")
