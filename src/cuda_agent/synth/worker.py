@@ -348,11 +348,12 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
         for i, o in enumerate(out):
             if not bool(torch.isfinite(o).all()):
                 raise Reject("nonfinite", f"input set {k}, output {i}: NaN or Inf")
-            zeros = [torch.zeros_like(t) for t in out]
-            consts = [torch.full_like(t, float(t.double().mean())) for t in out]
-            for label, fake in (("an all-zero output", zeros), ("a constant output", consts)):
-                if _judge_passes(r, cfg, out, out64, fake):
-                    raise Reject("degenerate", f"{label} passes the judge's comparison on input set {k}")
+        zeros = [torch.zeros_like(t) for t in out]
+        consts = [torch.full_like(t, float(t.double().mean())) for t in out]
+        for label, fake in (("an all-zero output", zeros), ("a constant output", consts)):
+            if _judge_passes(r, cfg, out, out64, fake):
+                raise Reject("degenerate", f"{label} passes the judge's comparison on input set {k}")
+        for i, o in enumerate(out):
             e = o.double()
             share = float(((e - e.mean()).abs() <= atol + rtol * e.abs()).double().mean())
             if share >= cfg["near_constant_share"]:
@@ -364,8 +365,8 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
         if out64 is not None:
             from cuda_agent.judge.compare import compare_outputs
 
-            cmp = compare_outputs([o.to(o64.dtype) for o, o64 in zip(out, out64)], [o.double() for o in out],
-                                  atol=atol, rtol=rtol, max_rel_l2={})
+            # float32 against float64 arithmetic, elementwise: an honest float32 kernel is no closer
+            cmp = compare_outputs(list(out64), [o.double() for o in out], atol=atol, rtol=rtol, max_rel_l2={})
             noise = max(_rel_l2(o, o64) for o, o64 in zip(out, out64))
             if not cmp.ok or noise > cfg["max_rel_l2_ceiling"] / cfg["noise_headroom"]:
                 why = cmp.message if not cmp.ok else (f"the float32 output is {noise:.3g} (relative L2) from float64, "
@@ -374,7 +375,7 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
 
     # a 1e-6 relative jitter of the inputs (a few float32 roundings) must stay within the tolerance
     g = torch.Generator(device=r.device).manual_seed(cfg["shortcut_seed"])
-    for k, (xs, out, out64) in enumerate(zip(sets[:3], outs, outs64)):
+    for k, (xs, out, out64) in enumerate(zip(sets, outs, outs64)):
         jittered = [x * (1 + cfg["jitter_rel"] * torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype))
                     if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
         if not _judge_passes(r, cfg, out, out64, r.run(model, jittered, "jittered run")):
