@@ -158,6 +158,9 @@ def main() -> int:
               "cores": usable_cores(), "workers": workers, "torch": torch.__version__, "wall_s": time.monotonic() - t0,
               "tasks_per_hour": report.tasks_per_hour, "candidates_per_hour": report.candidates_per_hour,
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
+              "accepted_not_exported": report.accepted_not_exported, "compile_check": report.compile_check,
+              "shortcut_checks": report.shortcut_checks, "n_input_sets": report.n_input_sets,
+              "diversity": report.diversity,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
               **phase_rates(report.phases), "phases": report.phases,
               "sample": sample_stats(args.out), "rejection_examples": rejection_examples(args.out)}
