@@ -360,13 +360,19 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
 
     torch = r.torch
     model = r.model()
-    sets = [r.inputs(cfg["shortcut_seed"] + k) for k in range(cfg["n_input_sets"])]
-    outs = [r.run(model, xs, f"input set {k}") for k, xs in enumerate(sets)]
+    n = cfg["n_input_sets"]
+
+    def inputs(k: int) -> list:
+        # drawn again where needed rather than held: ten sets of a large task's inputs would take
+        # the worker's memory share (outputs, float32 and float64, are held)
+        return r.inputs(cfg["shortcut_seed"] + k)
+
+    outs = [r.run(model, inputs(k), f"input set {k}") for k in range(n)]
     model64 = _float64_twin(r, model)
-    outs64 = [_run64(r, model64, xs) for xs in sets]
+    outs64 = [_run64(r, model64, inputs(k)) for k in range(n)]
     atol, rtol = cfg["atol"], cfg["rtol"]
 
-    for k, (xs, out, out64) in enumerate(zip(sets, outs, outs64)):
+    for k, (out, out64) in enumerate(zip(outs, outs64)):
         for i, o in enumerate(out):
             if not bool(torch.isfinite(o).all()):
                 raise Reject("nonfinite", f"input set {k}, output {i}: NaN or Inf")
@@ -397,7 +403,8 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
 
     # a 1e-6 relative jitter of the inputs (a few float32 roundings) must stay within the tolerance
     g = torch.Generator(device=r.device).manual_seed(cfg["shortcut_seed"])
-    for k, (xs, out, out64) in enumerate(zip(sets, outs, outs64)):
+    for k, (out, out64) in enumerate(zip(outs, outs64)):
+        xs = inputs(k)
         jittered = [x * (1 + cfg["jitter_rel"] * torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype))
                     if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
         if not _judge_passes(r, cfg, out, out64, r.run(model, jittered, "jittered run")):
@@ -405,12 +412,12 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
                                             f"tolerance on input set {k}")
 
     # every input must matter at the judge's tolerance: replaced by another set's values, it fails
-    for i, x in enumerate(sets[0]):
+    for i, x in enumerate(inputs(0)):
         if not isinstance(x, torch.Tensor):
             continue
         def replaced(k: int, i: int = i) -> list:
-            ys = list(sets[k])
-            ys[i] = sets[(k + 1) % len(sets)][i]
+            ys = inputs(k)
+            ys[i] = inputs((k + 1) % n)[i]
             return r.run(model, ys, f"run with input {i} replaced")
 
         k = _passing_set(r, cfg, outs, outs64, replaced)
@@ -431,7 +438,7 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
                 with torch.no_grad():
                     p.copy_(value)
                 k = _passing_set(r, cfg, outs, outs64,
-                                 lambda k, name=name, label=label: r.run(model, sets[k], f"run with {name} {label}"))
+                                 lambda k, name=name, label=label: r.run(model, inputs(k), f"run with {name} {label}"))
                 if k is not None:
                     raise Reject("droppable_parameter", f"parameter {name} {label}: the output still passes the "
                                                         f"judge's comparison on input set {k}")
@@ -443,7 +450,7 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
     batch = get_batch(source)
     if batch is None or batch < 2 or getattr(r.module, "MIXES_BATCH", False):
         return
-    xs, out = sets[0], outs[0]
+    xs, out = inputs(0), outs[0]
     tensors = [x for x in xs if isinstance(x, torch.Tensor)]
     if not tensors or any(x.dim() == 0 or x.shape[0] != batch for x in tensors):
         return   # inputs without a leading batch dimension: nothing to vary per sample
