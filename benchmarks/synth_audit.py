@@ -29,15 +29,17 @@ def audit(path: Path, sets: int, device: str, seed: int) -> dict:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     found: list[dict] = []
     t0 = time.monotonic()
-    for row in rows:
+    for n, row in enumerate(rows, 1):
+        t = time.monotonic()
         try:
             shortcut_checks(Runner(row["code"], device), cfg, row["code"])
             verdict = {"name": row["name"], "defect": None}
         except Reject as rej:
             verdict = {"name": row["name"], "defect": rej.filter, "message": rej.message[:300]}
+        verdict["audit_s"] = round(time.monotonic() - t, 2)
         found.append(verdict)
-        if verdict["defect"]:
-            print(f"{row['name']}: {verdict['defect']}: {verdict['message']}", file=sys.stderr)
+        print(f"[{n}/{len(rows)}] {row['name']}: {verdict['defect'] or 'ok'} ({verdict['audit_s']} s)"
+              + (f": {verdict['message']}" if verdict["defect"] else ""), file=sys.stderr, flush=True)
     counts = Counter(v["defect"] for v in found if v["defect"])
     return {"tasks": len(rows), "defective": sum(counts.values()), "by_defect": dict(counts), "sets": sets,
             "wall_s": round(time.monotonic() - t0, 1), "tasks_audited": found}

@@ -197,7 +197,9 @@ class ProgrammaticComposer:
             values_ = seed.resolve(shape, rng)
             ns = self._namespace(seed)
             operands = self._operands(rng, plan, seed, shape, values, i, cur)
-            metas = [_meta(s) for _, s in operands]
+            # parameters are inferred as what they are, tensors that require grad: an op that refuses
+            # one (a loss whose target is not differentiable) fails here, not in the task
+            metas = [_meta(s).requires_grad_(e.startswith("@param")) for e, s in operands]
             out = _infer(seed, values_, metas, ns)
             if out is None or out.numel() > cfg.max_numel or out.numel() == 0:
                 continue
@@ -282,7 +284,7 @@ class ProgrammaticComposer:
                     if e == "@cur":
                         args.append(x)
                     elif e.startswith("@param"):
-                        args.append(_meta(shape))
+                        args.append(_meta(shape).requires_grad_())
                     elif e.startswith("@input"):
                         args.append(inputs[n_inputs])
                         n_inputs += 1
