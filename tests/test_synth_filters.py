@@ -85,6 +85,13 @@ def test_shortcut_messages_name_what_passes(pool):
     assert r.rejection.filter == "droppable_parameter" and "parameter b" in r.rejection.message
 
 
+def test_a_discontinuity_of_a_computed_value_is_ill_conditioned(pool):
+    """frac() of a linear layer's output: a 1e-6 input jitter (an honest kernel's rounding) flips
+    an element across an integer now and then, far outside the tolerance."""
+    r = pool.check(task("self.fc = nn.Linear(64, 64)", "return torch.frac(self.fc(x) * 1000.0)"))
+    assert r.rejection is not None and r.rejection.filter == "ill_conditioned", r.rejection
+
+
 def test_a_task_that_declares_it_mixes_the_batch_is_kept(pool):
     mixing = PLANTED["batch_mixing"].replace("BATCH = 16\n", "BATCH = 16\nMIXES_BATCH = True\n")
     r = pool.check(mixing)

@@ -113,6 +113,8 @@ class FilterConfig(BaseModel):
     shortcut_seed: int = Field(5000, description="input set k of the shortcut checks is drawn under seed "
                                                  "shortcut_seed + k (an audit uses other seeds than the filter)")
     jitter_rel: float = Field(1e-6, description="relative input jitter an honest kernel's rounding must survive")
+    jitter_sets: int = Field(30, description="input sets the jitter is tried on (the first n_input_sets with "
+                                             "the float64 evaluation)")
     near_constant_share: float = Field(0.95, description="reject when a constant matches this share of an "
                                                          "output's elements at the judge's elementwise tolerance")
     noise_headroom: float = Field(8.0, description="reject when float32 is further from float64 than "

@@ -403,8 +403,11 @@ def shortcut_checks(r: Runner, cfg: dict, source: str) -> None:
 
     # a 1e-6 relative jitter of the inputs (a few float32 roundings) must stay within the tolerance
     g = torch.Generator(device=r.device).manual_seed(cfg["shortcut_seed"])
-    for k, (out, out64) in enumerate(zip(outs, outs64)):
+    # (on jitter_sets sets: a flip at a discontinuity, ceil or frac of a computed value, is rare
+    # per set; sets past n_input_sets are compared without a float64 evaluation, at the fixed bound)
+    for k in range(max(n, cfg["jitter_sets"])):
         xs = inputs(k)
+        out, out64 = (outs[k], outs64[k]) if k < n else (r.run(model, xs, f"input set {k}"), None)
         jittered = [x * (1 + cfg["jitter_rel"] * torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype))
                     if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
         if not _judge_passes(r, cfg, out, out64, r.run(model, jittered, "jittered run")):
