@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--min-ms", type=float, default=None)
     ap.add_argument("--max-ms", type=float, default=None)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                    help="check torch.compile against eager (default: on for cuda, off for cpu)")
+                    help="check torch.compile against eager (default: on, on every device)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds of generation: start no new candidate after this (the sample may be short)")
@@ -158,6 +158,9 @@ def main() -> int:
               "cores": usable_cores(), "workers": workers, "torch": torch.__version__, "wall_s": time.monotonic() - t0,
               "tasks_per_hour": report.tasks_per_hour, "candidates_per_hour": report.candidates_per_hour,
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
+              "accepted_not_exported": report.accepted_not_exported, "compile_check": report.compile_check,
+              "shortcut_checks": report.shortcut_checks, "n_input_sets": report.n_input_sets,
+              "diversity": report.diversity,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
               **phase_rates(report.phases), "phases": report.phases,
               "sample": sample_stats(args.out), "rejection_examples": rejection_examples(args.out)}

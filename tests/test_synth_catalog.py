@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from _synth_helpers import load_module, torch_catalog
-from cuda_agent.synth.catalog import CrawlReport, probe_all_ranks, read_catalog, write_catalog
+from cuda_agent.synth.catalog import CrawlReport, behaviour_fingerprint, probe_all_ranks, read_catalog, write_catalog
 from cuda_agent.tasks import validate_reference_source
 
 
@@ -23,11 +23,26 @@ def test_crawl_finds_at_least_150_seed_operators_with_plain_torch():
         assert s.provenance["qualname"] and s.provenance["torch"] == torch.__version__
         assert s.ranks and 1 <= s.arity <= 3
     # the usual suspects are found; random ops are probed and dropped, with the reason counted
+    merged = {m.strip() for s in seeds for m in s.provenance.get("same_as", "").split(",") if m.strip()}
     for expected in ("nn.Conv2d", "nn.Linear", "nn.LayerNorm", "F.gelu", "torch.tanh", "F.scaled_dot_product_attention"):
-        assert expected in names
+        assert expected in names or expected in merged, expected
     assert not [n for n in names if "Dropout" in n or "dropout" in n or "rrelu" in n.lower()]
     assert report.skipped.get("probe: random", 0) >= 3
     assert report.kept == len(seeds) and report.tried > report.kept
+
+
+def test_seeds_identical_in_behaviour_are_merged_with_their_provenance():
+    seeds, report = torch_catalog()
+    by_name = {s.name: s for s in seeds}
+    assert report.merged >= 20
+    # aliases are one seed that names the others; ReLU and ReLU6 differ (above 6) and stay apart
+    abs_seed = by_name["torch.abs"]
+    assert "torch.absolute" in abs_seed.provenance["same_as"] and "torch.absolute" not in by_name
+    assert abs_seed.provenance["same_as_qualnames"]
+    assert "nn.ReLU" in by_name and "nn.ReLU6" in by_name
+    relu = by_name["nn.ReLU"].provenance.get("same_as", "")
+    assert "F.relu" in relu and "relu6" not in relu
+    assert len({behaviour_fingerprint(s) for s in seeds[::7]}) == len(seeds[::7])
 
 
 def test_every_seed_class_source_is_a_runnable_task():

@@ -131,3 +131,40 @@ def test_llm_composer_against_a_loopback_openai_endpoint(monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_op_whose_output_grows_with_the_batch_beyond_dim_0_is_not_composed():
+    """`cdist` of a (BATCH, F) value against a (BATCH, F) input is BATCH x BATCH: it mixes samples and
+    a later parameter shaped from that output would break when BATCH is rescaled."""
+    seeds, _ = torch_catalog()
+    cdist = next(s for s in seeds if s.name == "torch.cdist")
+    tail = [s for s in seeds if s.name in ("nn.Linear", "torch.add", "nn.Tanh")]
+    c = ProgrammaticComposer([cdist, *tail], ComposeConfig(profile="cpu", min_ops=2, max_ops=3, residual_prob=0.0))
+    made = []
+    for k in range(40):
+        try:
+            comp = c.compose(k)
+        except ComposeError:
+            continue
+        made.append(comp)
+        b = get_batch(comp.source)
+        for batch in (b, 2 * b + 1):
+            m = load_module(set_batch(comp.source, batch))
+            out = m.Model(*m.get_init_inputs())(*m.get_inputs())
+            assert out.shape[0] == batch and tuple(out.shape[1:]) == tuple(comp.output_shape[1:]), comp.source
+    assert any("torch.cdist" in comp.ops for comp in made)   # cdist against a parameter row still composes
+
+
+def test_constant_initial_parameters_are_randomised_in_the_source():
+    seeds, _ = torch_catalog()
+    norm = [s for s in seeds if s.name in ("nn.LayerNorm", "nn.PReLU")]
+    c = ProgrammaticComposer(norm, ComposeConfig(profile="cpu", min_ops=1, max_ops=1))
+    for k in range(4):
+        comp = c.compose(k)
+        m = load_module(comp.source)
+        torch.manual_seed(0)
+        model = m.Model(*m.get_init_inputs())
+        for name, p in model.named_parameters():
+            assert p.numel() == 1 or not bool((p == p.reshape(-1)[0]).all()), (name, comp.source)
+            if p.numel() == 1:
+                assert float(p.detach()) != 0.25, name   # PReLU's default

@@ -23,6 +23,8 @@ def task(init: str, forward: str, tail: str = TAIL_1, head: str = HEAD) -> str:
 
 
 GOOD = task("self.fc = nn.Linear(64, 128)", "return F.gelu(self.fc(x))")
+TWO_INPUTS = (task("", "return torch.tanh(x)").replace("def forward(self, x):", "def forward(self, x, y):")
+              .replace("return [torch.randn(BATCH, 64)]", "return [torch.randn(BATCH, 64), torch.randn(BATCH, 64)]"))
 PLANTED = {
     "random_op": task("self.fc = nn.Linear(64, 64)", "return F.dropout(self.fc(x), 0.5, self.training)"),
     "nondeterministic": task("self.calls = 0", "self.calls += 1\nreturn x * self.calls"),
@@ -32,10 +34,14 @@ PLANTED = {
     "input_independent": task("self.w = nn.Parameter(torch.randn(64))", "return self.w.expand(x.shape[0], 64) + 0.0 * x.sum()"),
     "degenerate": task("", "return x * 1e-6"),
     "unused_parameter": task("self.fc = nn.Linear(64, 64)\nself.unused = nn.Linear(64, 64)", "return torch.relu(self.fc(x))"),
-    "unused_input": task("", "return torch.tanh(x)",
-                         tail="\n\ndef get_inputs():\n    return [torch.randn(BATCH, 64)]\n\n\ndef get_init_inputs():\n    return []\n")
-    .replace("def forward(self, x):", "def forward(self, x, y):").replace("return [torch.randn(BATCH, 64)]", "return [torch.randn(BATCH, 64), torch.randn(BATCH, 64)]"),
+    "unused_input": TWO_INPUTS,
     "eager_error": task("self.fc = nn.Linear(32, 64)", "return self.fc(x)"),
+    # shortcuts at the judge's tolerance (worker.shortcut_checks)
+    "droppable_parameter": task("self.w = nn.Parameter(torch.randn(64, 64))", "return x @ torch.tril(self.w)"),
+    "hardcodable_parameter": task("self.ln = nn.LayerNorm(64)", "return self.ln(x)"),
+    "batch_mixing": task("", "return x - x.mean(dim=0, keepdim=True)"),
+    "ill_conditioned": task("", "return torch.sin(x * 1e5)"),
+    "droppable_input": TWO_INPUTS.replace("return torch.tanh(x)", "return torch.tanh(x) + 1e-6 * y"),
     "load_error": task("", "return x").replace("import torch\n", "import torch\nimport no_such_module_here\n"),
 }
 
@@ -65,6 +71,31 @@ def test_planted_bad_case_is_rejected_with_its_reason(pool, expected):
     assert not r.accepted
     assert r.rejection is not None and r.rejection.filter == expected, r.rejection
     assert r.rejection.message
+
+
+def test_shortcut_messages_name_what_passes(pool):
+    r = pool.check(PLANTED["droppable_parameter"])
+    assert "upper triangle" in r.rejection.message and "input set" in r.rejection.message
+    # a constant that matches nearly every element (a spike at one sample), and a tiny bias
+    spiky = task("", "return 50.0 + 10.0 * torch.relu(x - 2.5)")
+    r = pool.check(spiky)
+    assert r.rejection.filter == "degenerate" and "nearly constant" in r.rejection.message, r.rejection
+    tiny = task("self.fc = nn.Linear(64, 64)\nself.b = nn.Parameter(torch.randn(64) * 1e-5)", "return self.fc(x) + self.b")
+    r = pool.check(tiny)
+    assert r.rejection.filter == "droppable_parameter" and "parameter b" in r.rejection.message
+
+
+def test_a_discontinuity_of_a_computed_value_is_ill_conditioned(pool):
+    """frac() of a linear layer's output: a 1e-6 input jitter (an honest kernel's rounding) flips
+    an element across an integer now and then, far outside the tolerance."""
+    r = pool.check(task("self.fc = nn.Linear(64, 64)", "return torch.frac(self.fc(x) * 1000.0)"))
+    assert r.rejection is not None and r.rejection.filter == "ill_conditioned", r.rejection
+
+
+def test_a_task_that_declares_it_mixes_the_batch_is_kept(pool):
+    mixing = PLANTED["batch_mixing"].replace("BATCH = 16\n", "BATCH = 16\nMIXES_BATCH = True\n")
+    r = pool.check(mixing)
+    assert r.accepted, r.rejection
 
 
 def test_random_op_reason_names_the_op(pool):
@@ -204,7 +235,7 @@ def bench(tmp_path):
     (tmp_path / "level1").mkdir()
     (tmp_path / "level1" / "19_ReLU.py").write_text(task("", "return torch.relu(x)"))
     (tmp_path / "scripts.py").write_text("print('not a task')\n")
-    return BenchmarkIndex.from_dir(tmp_path)
+    return BenchmarkIndex.from_dir(tmp_path, cache=tmp_path / "traces.jsonl")
 
 
 def test_benchmark_index_reads_tasks_and_skips_other_files(bench):
@@ -262,3 +293,71 @@ def test_workers_take_the_visible_gpus_in_turn(monkeypatch):
     cfg = FilterConfig(device="cuda")
     assert [Worker(cfg, k)._gpu_env()["CUDA_VISIBLE_DEVICES"] for k in range(3)] == ["3", "5", "3"]
     assert Worker(FilterConfig(device="cpu"), 1)._gpu_env() == {"CUDA_VISIBLE_DEVICES": "3,5"}
+
+
+# -- decontamination by what runs --------------------------------------------------------------------
+
+SWISH = task("self.fc = nn.Linear(64, 128)", "x = self.fc(x)\nx = x * torch.sigmoid(x)\nreturn x * 2.0")
+
+
+def _edits(src: str) -> dict[str, str]:
+    """Meaning-preserving rewrites the static measures missed (see benchmarks/decontam.py)."""
+    return {
+        "silu": src.replace("x = x * torch.sigmoid(x)", "x = F.silu(x)"),
+        "alias": src.replace("class Model(", "class DenseStack(") + "\n\nModel = DenseStack\n",
+        "subclass": src.replace("class Model(", "class Original(") + "\n\nclass Model(Original):\n    pass\n",
+        "noop": src.replace("x = self.fc(x)\n", "x = self.fc(x)\n        x = x * 1.0\n        x = x + 0\n"),
+        "helper": src.replace("def forward(self, x):", "def forward(self, x):\n        return _impl(self, x)\n\n"
+                              "    def unused(self, x):") + "\n\ndef _impl(self, x):\n    x = self.fc(x)\n"
+                              "    x = x * torch.sigmoid(x)\n    return x * 2.0\n",
+    }
+
+
+def test_traced_operators_survive_aliases_subclasses_helpers_noops_and_silu():
+    from cuda_agent.synth.trace import traced_ops
+
+    base = traced_ops(SWISH)
+    assert base == ["t", "mm", "add", "sigmoid", "mul", "mul"] or base == ["mm", "add", "sigmoid", "mul", "mul"], base
+    for kind, src in _edits(SWISH).items():
+        assert traced_ops(src) == base, kind
+
+
+def test_edited_copies_are_caught_by_the_trace_and_distinct_tasks_are_not(tmp_path):
+    from cuda_agent.synth.trace import trace_many
+
+    (tmp_path / "level2").mkdir()
+    (tmp_path / "level2" / "59_Matmul_Swish_Scaling.py").write_text(SWISH)
+    (tmp_path / "level1").mkdir()
+    (tmp_path / "level1" / "19_ReLU.py").write_text(task("", "return torch.relu(x)"))
+    index = BenchmarkIndex.from_dir(tmp_path, cache=tmp_path / "traces.jsonl")
+    assert all(e.trace for e in index.entries)
+    edits = _edits(SWISH)
+    others = {"good": GOOD, "tanh_cumsum": task("", "return torch.cumsum(torch.tanh(x), dim=-1)")}
+    traces = trace_many([*edits.values(), *others.values()])
+    f = StaticFilter(index)
+    for (kind, src), tr in zip(edits.items(), traces):
+        rej, near = f.check_trace(src, tr)
+        assert rej is not None and rej.filter == "contaminated" and "59_Matmul_Swish" in rej.message, (kind, near)
+        assert near.traced and near.trace == 1.0
+    for (name, src), tr in zip(others.items(), traces[len(edits):]):
+        rej, near = f.check_trace(src, tr)
+        assert rej is None, (name, near)
+    # the cache answers the second time without a child process
+    again = BenchmarkIndex.from_dir(tmp_path, cache=tmp_path / "traces.jsonl")
+    assert [e.trace for e in again.entries] == [e.trace for e in index.entries]
+
+
+def test_minhash_is_not_renumbered_by_a_new_name():
+    from cuda_agent.synth.decontam import jaccard, minhash
+
+    longer = SWISH.replace("x = self.fc(x)\n", "unused_scale = 3\n        x = self.fc(x)\n")
+    assert jaccard(minhash(SWISH), minhash(longer)) >= 0.8
+    renamed = SWISH.replace("self.fc", "self.projection").replace("(self, x)", "(self, inp)").replace("x", "inp")
+    assert jaccard(minhash(SWISH), minhash(renamed)) == 1.0
+
+
+def test_static_operator_sequence_follows_aliases_subclasses_and_helpers():
+    base = operator_sequence(SWISH)
+    assert base == ["linear", "sigmoid", "mul", "mul"]
+    for kind in ("alias", "subclass", "helper"):
+        assert operator_sequence(_edits(SWISH)[kind]) == base, kind

@@ -33,7 +33,7 @@ def run(tmp_path_factory, catalog_file):
     out = tmp_path_factory.mktemp("synth")
     cfg = SynthConfig(n=5, out=out, seed=3, workers=2, catalog=catalog_file, benchmark_dir=SUITE,
                       compose={"profile": "cpu"},
-                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60))
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60, compile=False))
     return cfg, run_synth(cfg)
 
 
@@ -43,6 +43,10 @@ def test_export_round_trips_through_our_loaders(run):
     records = sorted(read_records(cfg.out), key=lambda r: r.index)
     assert [r.index for r in records] == list(range(len(records))) and len(records) == report.candidates
     assert sum(report.rejected_by.values()) + sum(r.accepted for r in records) == report.candidates
+    # the table adds up: exported + accepted beyond --n + every rejection = every candidate
+    assert report.accepted + report.accepted_not_exported + sum(report.rejected_by.values()) == report.candidates
+    assert report.compile_check is False and report.shortcut_checks and report.n_input_sets == 10
+    assert report.diversity["tasks"] == 5 and report.diversity["distinct_ops"] >= 1
     for r in records:
         assert r.accepted == (r.rejection is None) and (r.rejection is None or r.rejection.message)
     accepted = [r for r in records if r.accepted][:5]
@@ -98,7 +102,7 @@ def test_cli_runs_resumes_and_prints_the_rejection_table(tmp_path, catalog_file)
 
 def test_time_limit_stops_early_and_exports_what_was_accepted(tmp_path, catalog_file):
     cfg = SynthConfig(n=500, out=tmp_path, seed=5, workers=1, catalog=catalog_file, compose={"profile": "cpu"},
-                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60),
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60, compile=False),
                       time_limit_s=0.5)
     report = run_synth(cfg)
     assert 0 < report.candidates < 500 and report.accepted < 500
@@ -127,7 +131,7 @@ def test_judge_check_rejects_what_the_judge_fails_and_generates_replacements(tmp
     monkeypatch.setattr(pipeline, "check_tasks", first_fails)
     cfg = SynthConfig(n=3, out=tmp_path, seed=5, workers=2, catalog=catalog_file, compose={"profile": "cpu"},
                       judge_check=True, judge_parallel=2,
-                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60))
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60, compile=False))
     report = run_synth(cfg)
     assert report.exported == 3 and report.judge_checked >= 4 and report.rejected_by.get("judge_reference") == 1
     records = {r.index: r for r in read_records(tmp_path)}
@@ -166,7 +170,7 @@ def test_an_interrupted_judge_check_keeps_its_verdicts_and_resumes(tmp_path, cat
     monkeypatch.setattr(pipeline, "check_tasks", one_then_interrupt)
     cfg = SynthConfig(n=2, out=tmp_path, seed=9, workers=1, catalog=catalog_file, compose={"profile": "cpu"},
                       judge_check=True,
-                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60))
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60, compile=False))
     with pytest.raises(KeyboardInterrupt):
         run_synth(cfg)
     kept = [r for r in read_records(tmp_path) if r.judge is not None]

@@ -442,8 +442,64 @@ def crawl(*, include_transformers: bool = True, use_op_db: bool = True,
                 consider(transformers_specs(report))
         finally:
             torch.set_num_threads(threads)
+    seeds = dedupe(seeds, report)
     report.kept = len(seeds)
     return seeds, report
+
+
+def behaviour_fingerprint(seed: SeedOp) -> str:
+    """A hash of what `seed` computes: its outputs on two fixed input sets at every rank it accepts
+    (weights drawn under a fixed seed), quantised so that two implementations of one formula that
+    round differently in the last bits still agree. The second set holds large values and ties
+    (randn * 8, rounded): ReLU and ReLU6, or a minimum and a mode, agree on plain randn inputs.
+    Equal fingerprints: the same operator."""
+    import hashlib
+
+    h = hashlib.sha256(f"{seed.arity}|{seed.domain}|{seed.ranks}|{seed.output_index}".encode())
+    ns = base_namespace(seed.helper_source)
+    for rank in seed.ranks:
+        shape = PROBE_SHAPES[rank]
+        plain = _inputs(shape, seed.arity, seed.domain, 1)
+        wide = [torch.round(x * 8) for x in _inputs(shape, seed.arity, "real", 2)]
+        if seed.domain == "positive":
+            wide = [x.abs() + 1.0 for x in wide]
+        for k, xs in enumerate((plain, wide)):
+            try:
+                torch.manual_seed(0)
+                call = seed.build(seed.resolve(shape, None), ns)
+                out = torch.nan_to_num(_run(call, xs, seed.output_index).double(), nan=7.0, posinf=9.0, neginf=-9.0)
+            except Exception as exc:  # noqa: BLE001 - refused on these inputs: that is part of its behaviour
+                h.update(f"{rank}.{k}:error:{type(exc).__name__}".encode())
+                continue
+            scale = float(out.abs().max()) or 1.0
+            q = torch.round(out / scale * 2**12).to(torch.int64)
+            h.update(f"{rank}.{k}:{tuple(out.shape)}:{scale:.4g}:".encode())
+            h.update(q.numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+def dedupe(seeds: list[SeedOp], report: CrawlReport | None = None) -> list[SeedOp]:
+    """Identical seeds (the same fingerprint: aliases such as `torch.abs`/`torch.absolute`, one
+    RMSNorm copied into many model families) merged into the first one crawled; the others' names
+    and qualnames stay in its provenance (`same_as`, `same_as_qualnames`)."""
+    first: dict[str, int] = {}
+    kept: list[SeedOp] = []
+    merged: dict[int, list[SeedOp]] = {}
+    for seed in seeds:
+        fp = behaviour_fingerprint(seed)
+        if fp in first:
+            merged.setdefault(first[fp], []).append(seed)
+            continue
+        first[fp] = len(kept)
+        kept.append(seed)
+    for i, same in merged.items():
+        prov = dict(kept[i].provenance)
+        prov["same_as"] = ", ".join(s.name for s in same)
+        prov["same_as_qualnames"] = ", ".join(s.provenance.get("qualname", s.name) for s in same)
+        kept[i] = kept[i].model_copy(update={"provenance": prov})
+    if report is not None:
+        report.merged = len(seeds) - len(kept)
+    return kept
 
 
 def _reason_class(message: str) -> str:

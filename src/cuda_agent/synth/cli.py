@@ -43,8 +43,21 @@ def print_report(report, console: Console) -> None:
     table.add_column("what it removes")
     for name, count in report.rejected_by.items():
         table.add_row(name, str(count), FILTERS.get(name, ""))
-    table.add_row("[bold]accepted[/bold]", f"[bold]{report.accepted}[/bold]", "passed every filter")
+    table.add_row("[bold]accepted[/bold]", f"[bold]{report.accepted}[/bold]", "exported")
+    if report.accepted_not_exported:
+        table.add_row("accepted, not exported", str(report.accepted_not_exported),
+                      "passed the filters beyond --n (or awaiting the judge's check)")
+    table.add_row("[bold]candidates[/bold]", f"[bold]{report.candidates}[/bold]", "the rows above add up to this")
     console.print(table)
+    console.print(f"torch.compile check: {'on' if report.compile_check else 'off (--no-compile)'}; shortcut checks: "
+                  + (f"on, {report.n_input_sets} input sets" if report.shortcut_checks else "off"))
+    d = report.diversity
+    if d.get("tasks"):
+        console.print(f"diversity: {d['distinct_ops']} distinct ops in {d['distinct_chains']} distinct chains over "
+                      f"{d['tasks']} tasks; ops per task {d['ops_per_task']}; most used op {d['top_op_share']:.0%} "
+                      f"of uses; normalised op entropy {d['op_entropy_normalised']:.2f}"
+                      + (f"; nearest benchmark similarity max {d['benchmark_similarity_max']:.2f}"
+                         if d.get("benchmark_similarity_max") is not None else ""))
     console.print(f"{report.tasks_per_hour:.0f} tasks/hour, {report.candidates_per_hour:.0f} candidates/hour "
                   f"this run ({report.wall_s:.1f} s); exported {report.exported} tasks")
     if report.judge_checked:
@@ -64,7 +77,7 @@ def synth_cmd(
     min_ms: Annotated[Optional[float], typer.Option("--min-ms", help="shortest eager runtime kept (default 1)")] = None,
     max_ms: Annotated[Optional[float], typer.Option("--max-ms", help="longest eager runtime kept (default 100)")] = None,
     compile_check: Annotated[Optional[bool], typer.Option(
-        "--compile/--no-compile", metavar="", help="check torch.compile against eager (default: on for cuda, off for cpu)")] = None,
+        "--compile/--no-compile", metavar="", help="check torch.compile against eager (default: on, on every device)")] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds for all checks of one task")] = None,
     composer: Annotated[str, typer.Option("--composer", help="programmatic or llm")] = "programmatic",
     catalog: Annotated[Optional[Path], typer.Option("--catalog", help="seed catalog file (default OUT/catalog.jsonl)")] = None,

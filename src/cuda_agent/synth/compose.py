@@ -197,7 +197,9 @@ class ProgrammaticComposer:
             values_ = seed.resolve(shape, rng)
             ns = self._namespace(seed)
             operands = self._operands(rng, plan, seed, shape, values, i, cur)
-            metas = [_meta(s) for _, s in operands]
+            # parameters are inferred as what they are, tensors that require grad: an op that refuses
+            # one (a loss whose target is not differentiable) fails here, not in the task
+            metas = [_meta(s).requires_grad_(e.startswith("@param")) for e, s in operands]
             out = _infer(seed, values_, metas, ns)
             if out is None or out.numel() > cfg.max_numel or out.numel() == 0:
                 continue
@@ -256,11 +258,14 @@ class ProgrammaticComposer:
             plan.helpers.append(seed.helper_source)
         plan.body.append(f"v{i} = {seed.call_expr(f'op{i}', names, vals)}")
         plan.ops.append(seed.name)
-        plan.steps.append(("op", seed, glue, [e for e, _ in operands], vals))
+        plan.steps.append(("op", seed, glue, [e for e, _ in operands], vals, [s for _, s in operands], out_shape))
         return _Value(f"v{i}", out_shape)
 
     def _replay_scaled(self, plan: _Plan) -> bool:
-        """Re-run shape inference with twice the batch; constructor values stay as chosen."""
+        """Re-run shape inference with twice the batch; constructor values and parameter shapes stay
+        as chosen (the source fixes them), and every value must keep its shape with only the batch
+        scaled: an op whose output grows in another dimension with the batch (`cdist` of the batch
+        against itself is batch-by-batch) mixes samples and would break any later parameter."""
         scale = 2
         env: dict[str, torch.Tensor] = {}
         inputs = [_meta((s[0] * scale, *s[1:])) for s in plan.inputs]
@@ -269,17 +274,17 @@ class ProgrammaticComposer:
         n_inputs = 1
         i = 0
         for step in plan.steps[1:]:
-            _, seed, glue, exprs, vals = step
+            _, seed, glue, exprs, vals, shapes, out_shape = step
             x = cur
             try:
                 if glue:
                     x = eval(glue.format("_x"), {"_x": cur})
                 args = []
-                for e in exprs:
+                for e, shape in zip(exprs, shapes):
                     if e == "@cur":
                         args.append(x)
                     elif e.startswith("@param"):
-                        args.append(_meta((1, *x.shape[1:])))
+                        args.append(_meta(shape).requires_grad_())
                     elif e.startswith("@input"):
                         args.append(inputs[n_inputs])
                         n_inputs += 1
@@ -288,7 +293,7 @@ class ProgrammaticComposer:
             except Exception:  # glue refused the scaled shape
                 return False
             out = _infer(seed, vals, args, self._namespace(seed))
-            if out is None:
+            if out is None or tuple(out.shape) != (out_shape[0] * scale, *out_shape[1:]):
                 return False
             env[f"v{i}"] = out
             cur = out
@@ -315,6 +320,17 @@ def _glue(shape: tuple[int, ...], ranks: tuple[int, ...], rng: random.Random) ->
     return None, shape
 
 
+# Default initialisations that are constants (norm weights of ones, biases of zeros, PReLU's 0.25)
+# would let a kernel hard-code them; every task's constructor gives them random values instead.
+RANDOMISE_PARAMS = [
+    "# parameters that start constant (norm weights, zero biases) get random values: a kernel must read them",
+    "with torch.no_grad():",
+    "    for p in self.parameters():",
+    "        if p.numel() == 1 or bool((p == p.reshape(-1)[0]).all()):",
+    "            p.add_(torch.randn_like(p) * 0.1)",
+]
+
+
 def task_name(ops) -> str:
     return "_".join(o.rsplit(".", 1)[-1] for o in ops) or "Empty"
 
@@ -331,6 +347,8 @@ def render(plan: _Plan, out_var: str, seed: int, composer: str) -> str:
     lines += ["", "class Model(nn.Module):", f'    """{chain}"""', "", "    def __init__(self):",
               "        super().__init__()"]
     lines += [f"        {ln}" for ln in plan.init_lines]
+    if any(step[0] == "op" and step[1].has_params for step in plan.steps):
+        lines += [f"        {ln}" for ln in RANDOMISE_PARAMS]
     lines += ["", f"    def forward(self, {', '.join(ins)}):"]
     lines += [f"        {ln}" for ln in plan.body]
     lines += [f"        return {out_var}", "", "", "def get_inputs():"]

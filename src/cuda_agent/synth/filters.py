@@ -38,7 +38,7 @@ FILTERS: dict[str, str] = {
     "compose_error": "the composer found no valid chain / the LLM gave no usable module",
     "invalid_source": "not a KernelBench-format module",
     "duplicate": "same normalised AST as an earlier candidate",
-    "contaminated": "too close to a benchmark task (AST, operator sequence or MinHash)",
+    "contaminated": "too close to a benchmark task (AST, MinHash, static or traced operator sequence)",
     "load_error": "the module does not import",
     "eager_error": "construction or eager forward fails, or outputs are not float tensors",
     "crash": "the worker process died (segfault, abort, out of host memory)",
@@ -51,9 +51,15 @@ FILTERS: dict[str, str] = {
     "nonfinite": "NaN or Inf in the output",
     "constant_output": "the output is constant",
     "input_independent": "the output does not change with the inputs",
-    "degenerate": "an all-zero or constant output would pass the judge's tolerance",
+    "degenerate": "an all-zero or constant output would pass the judge's tolerance on one of the input sets, "
+                  "or a constant matches nearly every element",
     "unused_parameter": "a parameter does not influence the output",
     "unused_input": "an input does not influence the output",
+    "droppable_input": "an input replaced by other values still passes the judge's comparison",
+    "hardcodable_parameter": "a parameter is constant at initialisation (all ones, all zeros): a kernel could hard-code it",
+    "droppable_parameter": "a parameter, or a triangle or half of one, dropped or replaced still passes the judge's comparison",
+    "ill_conditioned": "a 1e-6 relative input jitter or float64 arithmetic leaves the judge's tolerance",
+    "batch_mixing": "samples of the batch influence each other (allowed only with MIXES_BATCH = True)",
     "runtime_window": "eager runtime outside the window after rescaling",
     "compile_error": "torch.compile fails",
     "compile_mismatch": "torch.compile output differs from eager",
@@ -82,7 +88,7 @@ def worker_layout(workers: int | None = None) -> tuple[int, int]:
 
 
 class FilterConfig(BaseModel):
-    """Execution-filter settings. Defaults follow the issue (1-100 ms eager window, compile on GPU)."""
+    """Execution-filter settings. Defaults follow the paper (1-100 ms eager window, torch.compile checked on every device)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -91,13 +97,29 @@ class FilterConfig(BaseModel):
     max_ms: float = Field(100.0, description="longest accepted eager runtime")
     target_ms: float | None = Field(None, description="rescaling target; default the geometric mean of the window")
     max_rescales: int = Field(4, description="BATCH rescaling attempts toward the window")
-    compile: bool | None = Field(None, description="check torch.compile against eager; default on for cuda, off for cpu")
+    compile: bool = Field(True, description="check torch.compile against eager (on every device unless switched off)")
     timeout_s: float = Field(300.0, description="limit on all checks of one task (compile included)")
-    atol: float = 1e-2
-    rtol: float = 1e-2
+    atol: float = Field(1e-2, description="the judge's elementwise tolerance (JudgeConfig.atol)")
+    rtol: float = Field(1e-2, description="the judge's elementwise tolerance (JudgeConfig.rtol)")
     max_rel_l2: dict[str, float] = Field(
         default_factory=lambda: {"float64": 1e-6, "float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2},
         description="as the judge: compile vs eager must pass the same normwise bound")
+    ref_noise_multiple: float = Field(16.0, description="the judge's ref_noise_multiple (shortcut checks compare as "
+                                                         "the judge's checked calls do)")
+    max_rel_l2_ceiling: float = Field(1e-2, description="the judge's max_rel_l2_ceiling")
+    shortcuts: bool = Field(True, description="run the shortcut checks (degenerate, droppable parameters and inputs, "
+                                              "hard-codable parameters, ill-conditioning, batch mixing)")
+    n_input_sets: int = Field(10, ge=2, description="fresh input sets the shortcut checks use")
+    shortcut_seed: int = Field(5000, description="input set k of the shortcut checks is drawn under seed "
+                                                 "shortcut_seed + k (an audit uses other seeds than the filter)")
+    jitter_rel: float = Field(1e-6, description="relative input jitter an honest kernel's rounding must survive")
+    jitter_sets: int = Field(30, description="input sets the jitter is tried on (the first n_input_sets with "
+                                             "the float64 evaluation)")
+    near_constant_share: float = Field(0.95, description="reject when a constant matches this share of an "
+                                                         "output's elements at the judge's elementwise tolerance")
+    noise_headroom: float = Field(8.0, description="reject when float32 is further from float64 than "
+                                                   "max_rel_l2_ceiling / this (an honest kernel's own error, "
+                                                   "up to ~9x the reference's, would not fit under the ceiling)")
     det_rel: float | None = Field(None, description="two runs may differ by this fraction of the largest "
                                                     "output magnitude; default 0 on cpu, 1e-5 on cuda (atomics)")
     n_warmup: int = 2
@@ -115,7 +137,6 @@ class FilterConfig(BaseModel):
 
     def payload(self) -> dict:
         d = self.model_dump()
-        d["compile"] = self.device == "cuda" if self.compile is None else self.compile
         d["det_rel"] = (1e-5 if self.device == "cuda" else 0.0) if self.det_rel is None else self.det_rel
         return d
 
@@ -134,6 +155,7 @@ class CheckResult(BaseModel):
     output_shapes: list[list[int]] = Field(default_factory=list)
     n_params: int | None = None
     check_s: float = 0.0
+    trace: list[str] | None = None   # the operators the task runs (trace.py); None: it could not be traced
 
 
 def synth_root_dir() -> Path:
@@ -322,6 +344,14 @@ class StaticFilter:
 
     def remember(self, digest: str, name: str) -> None:
         self.seen.setdefault(digest, name)
+
+    def check_trace(self, source: str, trace: list[str] | None) -> tuple[Rejection | None, Nearest | None]:
+        """Decontamination by what the task runs, once a worker has traced it (`CheckResult.trace`)."""
+        if self.benchmark is None or not len(self.benchmark):
+            return None, None
+        near = self.benchmark.nearest(source, self.decontam, trace=trace if self.decontam.trace else None)
+        reason = contamination(near, self.decontam)
+        return (Rejection(filter="contaminated", message=reason) if reason else None), near
 
     def check(self, comp: Composition) -> tuple[Rejection | None, Nearest | None, str]:
         try:

@@ -80,14 +80,23 @@ class CandidateRecord(BaseModel):
 
 
 class SynthReport(BaseModel):
+    """A run's outcome. `accepted` (exported) + `accepted_not_exported` + the sum of `rejected_by`
+    is `candidates`: every candidate is counted once."""
+
     accepted: int
     candidates: int
     rejected_by: dict[str, int]
+    accepted_not_exported: int = 0   # passed the filters beyond --n (workers finish what they hold) or
+    #                                  still waiting for the judge's check
     wall_s: float
     tasks_per_hour: float
     candidates_per_hour: float
     exported: int
     config: dict
+    compile_check: bool = True  # whether torch.compile was checked against eager
+    shortcut_checks: bool = True
+    n_input_sets: int = 0
+    diversity: dict = {}       # statistics of the exported tasks (see diversity())
     judge_checked: int = 0     # tasks held to the judge's reference checks in this run
     judge_s: float = 0.0
     phases: list[dict] = []    # each generate/filter and judge phase of this run (also OUT/phases.jsonl)
@@ -161,7 +170,7 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
         composer = LLMComposer(seeds, cfg.llm or LLMConfig(), cfg.compose)
     else:
         composer = ProgrammaticComposer(seeds, cfg.compose)
-    bench = BenchmarkIndex.from_dir(cfg.benchmark_dir) if cfg.benchmark_dir else None
+    bench = BenchmarkIndex.from_dir(cfg.benchmark_dir, trace=cfg.decontam.trace) if cfg.benchmark_dir else None
     static = StaticFilter(bench, cfg.decontam)
 
     records = {r.index: r for r in read_records(out)}
@@ -217,7 +226,7 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                     finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
                     for fut in finished:
                         rec = pending.pop(fut)
-                        record(_finish(rec, fut.result()))
+                        record(_finish(rec, fut.result(), static))
                     continue
                 todo = [r for r in records.values() if r.accepted and r.judge is None] if cfg.judge_check else []
                 if todo:
@@ -259,6 +268,9 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     new = len(records) - done_before
     report = SynthReport(
         accepted=len(chosen), candidates=len(records), rejected_by=rejection_table(ordered), wall_s=wall,
+        accepted_not_exported=sum(r.accepted for r in ordered) - len(chosen),
+        compile_check=cfg.filters.compile, shortcut_checks=cfg.filters.shortcuts,
+        n_input_sets=cfg.filters.n_input_sets if cfg.filters.shortcuts else 0, diversity=diversity(chosen),
         tasks_per_hour=(accepted - accepted_before) / wall * 3600 if wall > 0 else 0.0,
         candidates_per_hour=new / wall * 3600 if wall > 0 else 0.0, exported=exported,
         config=json.loads(cfg.model_dump_json()), phases=phases.done,
@@ -266,6 +278,28 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
         judge_s=sum(p["wall_s"] for p in phases.done if p["phase"] == "judge"))
     (out / "report.json").write_text(report.model_dump_json(indent=1))
     return report
+
+
+def diversity(records: list[CandidateRecord]) -> dict:
+    """How varied a set of tasks is: distinct seed ops and chains, ops per task, how much the most
+    used op dominates, normalised entropy of op use, and closeness to the benchmark."""
+    import math
+
+    ops = Counter(op for r in records for op in r.ops)
+    n_ops = sum(ops.values())
+    entropy = -sum(c / n_ops * math.log(c / n_ops) for c in ops.values()) if n_ops else 0.0
+    scores = [r.nearest.score for r in records if r.nearest is not None]
+    return {
+        "tasks": len(records),
+        "distinct_ops": len(ops),
+        "distinct_chains": len({tuple(r.ops) for r in records}),
+        "ops_per_task": dict(sorted(Counter(len(r.ops) for r in records).items())),
+        "top_ops": dict(ops.most_common(5)),
+        "top_op_share": round(ops.most_common(1)[0][1] / n_ops, 4) if n_ops else 0.0,
+        "op_entropy_normalised": round(entropy / math.log(len(ops)), 4) if len(ops) > 1 else 0.0,
+        "benchmark_similarity_max": round(max(scores), 4) if scores else None,
+        "benchmark_similarity_mean": round(sum(scores) / len(scores), 4) if scores else None,
+    }
 
 
 def _prepare(composer, static: StaticFilter, cfg: SynthConfig, k: int) -> CandidateRecord:
@@ -283,9 +317,16 @@ def _prepare(composer, static: StaticFilter, cfg: SynthConfig, k: int) -> Candid
     return rec
 
 
-def _finish(rec: CandidateRecord, result: CheckResult) -> CandidateRecord:
+def _finish(rec: CandidateRecord, result: CheckResult, static: StaticFilter | None = None) -> CandidateRecord:
     rec.check = result.model_copy(update={"source": ""})
     rec.accepted = result.accepted
     rec.rejection = result.rejection
     rec.source = result.source if result.accepted else ""
+    if result.accepted and static is not None:
+        # the second decontamination pass: what the task runs, traced by the worker
+        rejection, near = static.check_trace(result.source, result.trace)
+        if near is not None:
+            rec.nearest = near
+        if rejection is not None:
+            rec.accepted, rec.rejection, rec.source = False, rejection, ""
     return rec

@@ -126,7 +126,8 @@ class CrawlReport(BaseModel):
     tried: int = 0
     kept: int = 0
     skipped: dict[str, int] = Field(default_factory=dict)
-    sources: dict[str, int] = Field(default_factory=dict)   # provenance source -> seeds kept
+    sources: dict[str, int] = Field(default_factory=dict)   # provenance source -> seeds kept (before merging)
+    merged: int = 0             # seeds identical in behaviour to an earlier one, merged into it
 
 
 def _skip(report: CrawlReport, reason: str) -> None:
