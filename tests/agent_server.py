@@ -18,6 +18,24 @@ from typing import Any
 
 Step = dict | Callable[[dict], dict]
 
+# The smallest task the agent's tests solve (ReLU on 64 floats): quick to judge on the CPU backend.
+RELU_TASK = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
 
 def tool(name: str, **arguments: Any) -> dict:
     return {"tool_calls": [(name, json.dumps(arguments))]}

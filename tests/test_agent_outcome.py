@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from agent_server import ScriptedModel, http_error, tool
+from agent_server import RELU_TASK, ScriptedModel, http_error, tool
 
 from cuda_agent.agent import (Agent, AgentConfig, ChatClient, JudgeGate, ModelConfig, Outcome, Reset, StepResult,
                               Termination, Toolbox, Trajectory, Truncation, create_workspace, load_trajectory)
@@ -23,22 +23,7 @@ from cuda_agent.judge import JudgeConfig
 from cuda_agent.llm import ContextLengthError, ModelReply, ProviderError
 from cuda_agent.tasks import Task
 
-TASK = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-
-def get_inputs():
-    return [torch.randn(64)]
-
-
-def get_init_inputs():
-    return []
-'''
+TASK = RELU_TASK
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_server import ScriptedModel, http_error, say, tool
+from agent_server import RELU_TASK, ScriptedModel, http_error, say, tool
 from rich.console import Console
 
 from cuda_agent.agent import Agent, AgentConfig, AgentProgress, ChatClient, ModelConfig, Reset, StepResult, Trajectory
@@ -24,22 +24,7 @@ from cuda_agent.judge.verdict import Timing, Verdict
 from cuda_agent.llm import ProviderError
 from cuda_agent.tasks import Task
 
-TASK = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-
-def get_inputs():
-    return [torch.randn(64)]
-
-
-def get_init_inputs():
-    return []
-'''
+TASK = RELU_TASK
 
 
 def cli(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

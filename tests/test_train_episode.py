@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+from agent_server import RELU_TASK  # noqa: E402
 from cuda_agent.agent.tools import Toolbox  # noqa: E402
 from cuda_agent.agent.workspace import create_workspace  # noqa: E402
 from cuda_agent.tasks import Task  # noqa: E402
@@ -19,22 +20,7 @@ from cuda_agent.train.tiny import build_tokenizer  # noqa: E402
 
 from train_fakes import FakeGate, ScriptedPolicy  # noqa: E402
 
-TASK = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-
-def get_inputs():
-    return [torch.randn(64)]
-
-
-def get_init_inputs():
-    return []
-'''
+TASK = RELU_TASK
 
 
 @pytest.fixture(scope="module")

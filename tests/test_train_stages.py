@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
+from agent_server import RELU_TASK  # noqa: E402
 from cuda_agent.train.config import TrainConfig  # noqa: E402
 from cuda_agent.train.learner import latest_checkpoint  # noqa: E402
 from cuda_agent.train.rollout import read_episodes, read_metrics  # noqa: E402
@@ -26,22 +27,7 @@ from cuda_agent.train.stages import critic_stage, load_critic, rft_stage, rollou
 
 from train_fakes import FakeGate  # noqa: E402
 
-TASK = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-
-def get_inputs():
-    return [torch.randn(64)]
-
-
-def get_init_inputs():
-    return []
-'''
+TASK = RELU_TASK
 
 
 @pytest.fixture(scope="module")

@@ -10,26 +10,12 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from agent_server import RELU_TASK  # noqa: E402
 from cuda_agent.tasks import Task, load_tasks
 from cuda_agent.train.verl_config import VerlLaunch, write_verl_configs
 from cuda_agent.train.verl_data import write_rl_parquet
 
-TASK = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-
-def get_inputs():
-    return [torch.randn(64)]
-
-
-def get_init_inputs():
-    return []
-'''
+TASK = RELU_TASK
 
 
 def test_rl_parquet_rows_carry_the_task_and_the_loop(tmp_path):

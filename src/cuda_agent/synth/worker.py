@@ -277,7 +277,6 @@ def _judge_passes(r: Runner, cfg: dict, expected: list, expected64: list | None,
     """Would `got` pass the judge's checked-call comparison against `expected`?"""
     from cuda_agent.judge.compare import compare_outputs
 
-    torch = r.torch
     # on the task's device: no copies of every output to the host for each of the many variants
     cmp = compare_outputs(expected, got, atol=cfg["atol"], rtol=cfg["rtol"], max_rel_l2=cfg["max_rel_l2"],
                           expected64=expected64, noise_multiple=cfg["ref_noise_multiple"],
