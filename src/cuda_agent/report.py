@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -10,7 +12,11 @@ from rich.table import Table
 from cuda_agent.judge.verdict import Verdict
 from cuda_agent.reward import Reward, RewardConfig, reward_of
 
-console = Console()
+# Written to a file or a pipe (a log, CI), the tables keep the width of a wide terminal instead of
+# rich's default 80 columns (or a narrow $COLUMNS), which would fold every row of the 13-column
+# verdict table.
+_columns = os.environ.get("COLUMNS", "")
+console = Console(width=None if sys.stdout.isatty() else max(180, int(_columns) if _columns.isdigit() else 0))
 
 
 def fmt_ms(x: float | None) -> str:
@@ -90,7 +96,10 @@ def verdict_table(records: list, title: str, reward: RewardConfig = RewardConfig
     table = Table(title=title)
     for col in ("task", "solution", "level", "compiled", "correct", "runtime ms", "eager ms", "compile ms",
                 "vs eager", "vs compile", "of SOL", "reward", "failure"):
-        table.add_column(col, justify="right" if "ms" in col or col.startswith(("vs", "of ")) else "left")
+        # names fold onto a second line rather than lose their ends (two solutions of one task
+        # differ only there) when a narrow terminal squeezes the columns
+        table.add_column(col, justify="right" if "ms" in col or col.startswith(("vs", "of ")) else "left",
+                         overflow="fold" if col in ("task", "solution") else "ellipsis")
     for rec in records:
         level = "" if rec.level is None else str(rec.level)
         solution = solution_label(getattr(rec, "solution", ""))
