@@ -2,7 +2,7 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier, timing, fidelity, steps, filestep, start, bench, throughput, synth, probe;
+# Stages: smoke, tier (= prebuild+tiertests), timing, fidelity, steps, filestep, start, bench, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
@@ -50,25 +50,40 @@ case "$stage" in
     done
     ;;
   tier)
+    # prebuild then tiertests; on a fresh machine the prebuild alone takes ~450 s (70 candidates,
+    # 16 builds at once), so give each its own call there: `prebuild`, then `tiertests` on the
+    # still-warm machine, which keeps the ignored cache folder between calls.
+    SKIP_INSTALL=1 bash "$0" prebuild "$out"
+    SKIP_INSTALL=1 bash "$0" tiertests "$out"
+    ;;
+  prebuild)
     # The CUDA fixtures and suite solutions are compiled first, many at once, into the cache the
     # test modules share (CUDA_AGENT_TEST_CACHE); the tests then judge them with few workers, since
-    # the timing checks need the GPU mostly to themselves.
-    # One folder for every call on the same machine, so a rerun (a warm machine keeps ignored
-    # files) finds the builds of the last one.
+    # the timing checks need the GPU mostly to themselves. A test that finds its build missing
+    # compiles it itself, slowly, beside the others.
     export CUDA_AGENT_TEST_CACHE=${CUDA_AGENT_TEST_CACHE:-$PWD/.cache/test-cache}
     t0=$(date +%s)
-    timeout ${PREBUILD_TIMEOUT:-260} cuda-agent build tests/fixtures/cuda/honest tests/fixtures/cuda/hacks \
+    timeout ${PREBUILD_TIMEOUT:-540} cuda-agent build tests/fixtures/cuda/honest tests/fixtures/cuda/hacks \
       tests/fixtures/cuda/faults $suite/solutions/cuda --device cuda -j ${PREBUILD_PARALLEL:-16} --jobs 1 \
       -c cache_dir="$CUDA_AGENT_TEST_CACHE" > "$out/prebuild.log" 2>&1
-    echo "prebuild: $(( $(date +%s) - t0 )) s: $(tail -1 "$out/prebuild.log")"
+    echo "prebuild rc=$? after $(( $(date +%s) - t0 )) s: $(tail -1 "$out/prebuild.log")"
+    ;;
+  tiertests)
+    # One folder for every call on the same machine, so a rerun (a warm machine keeps ignored
+    # files) finds the builds of the last one. TIER_ARGS: which tests (default: all of tests/).
+    export CUDA_AGENT_TEST_CACHE=${CUDA_AGENT_TEST_CACHE:-$PWD/.cache/test-cache}
+    # Each failure's report is written as it happens: a run cut by its time limit still says why.
+    export CUDA_AGENT_FAILURE_LOG=$out/gpu_tier_failures.log
+    t0=$(date +%s)
     par=""
     python3 -c "import xdist" 2>/dev/null && par="-n ${TIER_WORKERS:-3}"
     # -v: each test's outcome is on its own line as it ends, so a run cut by its time limit still
     # says which tests failed.
-    timeout ${TIER_TIMEOUT:-300} python3 -m pytest -v -rfE -m gpu $par -p no:cacheprovider --durations=15 tests \
-      > "$out/gpu_tier.log" 2>&1
+    timeout ${TIER_TIMEOUT:-540} python3 -m pytest -v -rfE -m gpu $par -p no:cacheprovider --durations=15 \
+      ${TIER_ARGS:-tests} > "$out/gpu_tier.log" 2>&1
     echo "tier rc=$? after $(( $(date +%s) - t0 )) s"
     grep -E "passed|failed|FAILED|ERROR|s call " "$out/gpu_tier.log" | cut -c1-300 | tail -60
+    [ -s "$CUDA_AGENT_FAILURE_LOG" ] && grep -E "^(=====|E  )" "$CUDA_AGENT_FAILURE_LOG" | cut -c1-300 | head -60
     ;;
   timing)
     # The judge's runtimes beside Nsight Compute's, alone and with every other core busy.

@@ -117,6 +117,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With CUDA_AGENT_FAILURE_LOG set, each failure's report is appended to that file as it arrives
+    (under xdist too: the controller receives every worker's reports), so a run cut short by its time
+    limit still says why each test failed, not only which (the GPU tier's case on a lent machine)."""
+    path = os.environ.get("CUDA_AGENT_FAILURE_LOG")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes
+        return
+    with open(path, "a") as fh:
+        fh.write(f"===== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext[-12000:]}\n")
+        for name, text in report.sections:
+            if text.strip():
+                fh.write(f"----- {name}\n{text[-4000:]}\n")
+
+
 def judge_cache_dir(tmp_path_factory: pytest.TempPathFactory, name: str):
     """The judge cache of a test module: fresh by default; with CUDA_AGENT_TEST_CACHE set, that folder,
     shared by the modules and runs (the GPU tier fills it ahead with `cuda-agent build`, so its

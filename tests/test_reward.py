@@ -117,10 +117,12 @@ def test_faster_than_compile():
     assert r.reason == "correct, 1.25x vs torch.compile"
 
 
-def test_faster_than_compile_but_not_eager_still_three():
-    # torch.compile slower than eager on this task: beating it alone is the top milestone.
+def test_faster_than_compile_but_not_eager_is_not_the_top_milestone():
+    # torch.compile slower than eager on this task: beating it while merely matching eager is
+    # correct, not faster; the top milestone needs both baselines beaten.
     r = reward_of(verdict(runtime=1.0, eager=1.0, compiled_ref=1.5))
-    assert r.value == 3
+    assert r.value == 1
+    assert reward_of(verdict(runtime=1.0, eager=1.2, compiled_ref=1.5)).value == 3
 
 
 def test_no_compile_baseline_caps_at_two():

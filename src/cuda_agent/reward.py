@@ -1,7 +1,9 @@
 """Milestone reward of CUDA Agent as a pure function of a verdict's measurements.
 
 -1: did not compile, wrong, or broke the policy; 1: correct; 2: correct and *rewarded faster* than
-eager PyTorch; 3: correct and rewarded faster than torch.compile. "Rewarded faster" means a speed-up
+eager PyTorch; 3: correct and rewarded faster than both eager PyTorch and torch.compile (beating a
+torch.compile that is slower than eager, while losing to eager, is no top milestone: the kernel
+would still be the slowest way to run the task). "Rewarded faster" means a speed-up
 of at least `1 + margin` (`rewarded_faster`): margins are fractions, 0.05 means "5% faster", i.e. a
 speed-up >= 1.05. This is not the benchmark's "beats eager" (`cuda_agent.metrics.beats`: any
 speed-up > 1.0), which counts what happened rather than what earns the milestone.
@@ -25,11 +27,11 @@ class RewardConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     fail: float = Field(-1.0, description="did not compile, incorrect, a failure, or a policy violation")
-    correct: float = Field(1.0, description="correct, not rewarded faster than either baseline")
+    correct: float = Field(1.0, description="correct, not rewarded faster than eager PyTorch")
     rewarded_faster_than_eager: float = Field(
         2.0, description="correct and at least eager_margin faster than eager PyTorch")
     rewarded_faster_than_compile: float = Field(
-        3.0, description="correct and at least compile_margin faster than torch.compile")
+        3.0, description="correct and rewarded faster than both eager PyTorch and torch.compile")
     eager_margin: float = Field(0.05, ge=0, description="fraction faster than eager that earns the milestone "
                                                         "(0.05: a speed-up of at least 1.05)")
     compile_margin: float = Field(0.05, ge=0, description="fraction faster than torch.compile that earns the "
@@ -80,10 +82,11 @@ def milestone_reward(
         return Reward(value=config.fail, reason=f"policy: {policy_violations[0]}")
     if failed or not correct:
         return Reward(value=config.fail, reason="incorrect or failed")
-    if rewarded_faster(speedup_vs_compile, config.compile_margin):
+    beats_eager = rewarded_faster(speedup_vs_eager, config.eager_margin)
+    if beats_eager and rewarded_faster(speedup_vs_compile, config.compile_margin):
         return Reward(value=config.rewarded_faster_than_compile,
                       reason=f"correct, {speedup_vs_compile:.2f}x vs torch.compile")
-    if rewarded_faster(speedup_vs_eager, config.eager_margin):
+    if beats_eager:
         return Reward(value=config.rewarded_faster_than_eager, reason=f"correct, {speedup_vs_eager:.2f}x vs eager")
     return Reward(value=config.correct, reason="correct, not faster")
 
