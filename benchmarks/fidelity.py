@@ -210,6 +210,17 @@ def stratified_sample(records: list[Record], n: int | None, seed: int) -> list[R
     return out
 
 
+def interleaved(records: list[Record]) -> list[Record]:
+    """The judging order: the levels mixed in proportion to their shares (each level's records keep
+    their order), so a run stopped by its time budget has judged a stratified part of the sample,
+    not level 1 alone."""
+    by_level: dict[int, list[Record]] = defaultdict(list)
+    for r in records:
+        by_level[r.level].append(r)
+    ranked = [(i / len(rs), lv, r) for lv, rs in by_level.items() for i, r in enumerate(rs)]
+    return [r for _, _, r in sorted(ranked, key=lambda x: (x[0], x[1]))]
+
+
 # ---------------------------------------------------------------------------------------------
 # Results file (resumable)
 
@@ -282,7 +293,8 @@ def judge_records(records: list[Record], out: Path, config, pool_config, done: d
     deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
     # A pool error says nothing about the record (no worker could start, the pool was shut down):
     # such records are judged again.
-    todo = [r for r in records if r.key not in done or (done[r.key].get("error") or {}).get("kind") == "pool_error"]
+    todo = interleaved([r for r in records
+                        if r.key not in done or (done[r.key].get("error") or {}).get("kind") == "pool_error"])
     console.print(f"{len(records)} records, {len(records) - len(todo)} already judged in {out / VERDICTS_FILE}; "
                   f"judging {len(todo)} on {config.device} ({config.policy} policy)")
     if not todo:
@@ -420,7 +432,26 @@ NEAR_FACTOR = 10.0  # an error within this factor of the bound is "just above it
 
 _ELEMENTWISE = re.compile(r"values outside atol=([0-9.eE+-]+), rtol=([0-9.eE+-]+) "
                          r"\(max abs error ([0-9.eE+-]+|inf|nan)")
-_NORMWISE = re.compile(r"relative L2 error ([0-9.eE+-]+|inf|nan) exceeds ([0-9.eE+-]+)")
+_NORMWISE = re.compile(r"relative L2 error ([0-9.eE+-]+|inf|nan) (?:against the float64 reference )?exceeds "
+                       r"(?:the bound )?([0-9.eE+-]+)")
+# The noise-scaled bound's message: the error, the bound, and the float32 reference's own error
+# against float64 (its rounding noise), from `cuda_agent.judge.compare`.
+_NOISE = re.compile(r"relative L2 error ([0-9.eE+-]+) against the float64 reference exceeds the bound "
+                    r"([0-9.eE+-]+) = clamp\([0-9.eE+-]+ x ([0-9.eE+-]+),")
+KERNELBENCH_TOL = 1e-2   # KernelBench's atol = rtol: what the leaderboard accepted
+APPROX_FACTOR = 1000.0   # an error this many times the reference's own rounding noise is no reordering
+
+
+def approximation(message: str, config: dict) -> bool:
+    """A mismatch far beyond the reference's own float32 rounding noise (no reordering of the same
+    arithmetic gets there) yet within KernelBench's tolerance: a different, approximate computation
+    (a tanh GELU for the exact one, say) that the leaderboard accepted and the judge's fp32 bound
+    refuses by design."""
+    m = _NOISE.search(message)
+    if not m:
+        return False
+    err, noise = float(m[1]), float(m[3])
+    return math.isfinite(err) and err <= KERNELBENCH_TOL and err > APPROX_FACTOR * max(noise, 1e-12)
 
 
 def near_tolerance(message: str, config: dict) -> bool:
@@ -474,6 +505,10 @@ RULES: tuple[Rule, ...] = (
     Rule("input-mutation", "policy_difference", ("mismatch",),
          "the judge refuses in-place changes to inputs; KernelBench does not check them",
          pattern=r"modified input \d+ in place"),
+    Rule("approximation", "policy_difference", ("mismatch",),
+         "an approximate computation: over 1000x the reference's own float32 rounding error, within "
+         "KernelBench's 1e-2 tolerance; the judge's float32 bound refuses lower precision than the task",
+         test=approximation),
     Rule("near-tolerance", "judge_problem", ("mismatch",), "error just above the judge's bound (within 10x)",
          test=near_tolerance),
     Rule("wrong-results", "solution_error", ("mismatch",), "wrong results far outside tolerance, shape or dtype"),

@@ -273,11 +273,14 @@ def test_real_corpus_maps_every_record():
     assert len({r.key for r in corpus.records}) == len(corpus.records)
 
 
-def test_stratified_sample_keeps_level_shares(tmp_path):
-    recs = [fid.Record(key=f"l{lv}_{i}", level=lv, problem_id=i, number=i + 1, model="m", file="", code="",
-                       problem=tmp_path, task_name="", torch_speedup=None, torch_compile_speedup=None,
-                       baseline_torch_time=None, kernel_eval_time=None)
-            for lv, n in ((1, 60), (2, 30), (3, 10)) for i in range(n)]
+def make_record(level: int, number: int) -> "fid.Record":
+    return fid.Record(key=f"l{level}_{number - 1}", level=level, problem_id=number - 1, number=number, model="m",
+                      file="", code="", problem=Path("/nonexistent"), task_name="", torch_speedup=None,
+                      torch_compile_speedup=None, baseline_torch_time=None, kernel_eval_time=None)
+
+
+def test_stratified_sample_keeps_level_shares():
+    recs = [make_record(lv, i + 1) for lv, n in ((1, 60), (2, 30), (3, 10)) for i in range(n)]
     sample = fid.stratified_sample(recs, 20, seed=3)
     assert [sum(r.level == lv for r in sample) for lv in (1, 2, 3)] == [12, 6, 2]
     assert sample == fid.stratified_sample(recs, 20, seed=3)
@@ -306,6 +309,17 @@ def verdict_entry(category: str | None, message: str = "", correct: bool = False
                  "than the task, or outputs too small for atol)", "judge_problem", "near-tolerance"),
     ("mismatch", "call 2 (checked): output: relative L2 error 0.5 exceeds 0.0001 for float32", "solution_error",
      "wrong-results"),
+    # The noise-scaled bound: a tanh GELU for the exact one (5000x the reference's own rounding) is an
+    # approximation KernelBench accepted; just above a bound that reordering reaches is the judge's doing.
+    ("mismatch", "call 0 (checked): output: relative L2 error 0.000198 against the float64 reference exceeds the "
+                 "bound 0.0001 = clamp(16 x 3.8e-08, 0.0001, 0.01), 3.8e-08 being the float32 reference's own error",
+     "policy_difference", "approximation"),
+    ("mismatch", "call 0 (checked): output: relative L2 error 0.00023 against the float64 reference exceeds the "
+                 "bound 0.00016 = clamp(16 x 1e-05, 0.0001, 0.01), 1e-05 being the float32 reference's own error",
+     "judge_problem", "near-tolerance"),
+    ("mismatch", "call 0 (checked): output: relative L2 error 0.8 against the float64 reference exceeds the "
+                 "bound 0.0001 = clamp(16 x 3.8e-08, 0.0001, 0.01), 3.8e-08 being the float32 reference's own error",
+     "solution_error", "wrong-results"),
     ("mismatch", "call 0 (checked): output: shape (2, 3), expected (3, 2)", "solution_error", "wrong-results"),
     ("mismatch", "call 1: forward modified input 0 in place", "policy_difference", "input-mutation"),
     ("policy", "line 12: try/except is not allowed (no fallbacks)", "policy_difference", "policy-refusal"),
@@ -727,3 +741,13 @@ def test_end_to_end_on_cuda_with_ncu(tmp_path, tmp_path_factory):
         assert "not on PATH" in report["ncu_note"]
     # Last, so that the rest is checked either way: blank flags are no reason to refuse a solution.
     assert got["l1_p1_published"] == ("correct", "correct"), got["l1_p1_published"]
+
+
+def test_judging_order_mixes_the_levels_in_proportion():
+    # A run cut by its time budget must have judged every level, in proportion, not level 1 alone.
+    recs = [make_record(level, n) for level, count in ((1, 6), (2, 3), (3, 1)) for n in range(1, count + 1)]
+    order = fid.interleaved(recs)
+    assert sorted(r.key for r in order) == sorted(r.key for r in recs)
+    assert {r.level for r in order[:4]} == {1, 2, 3}
+    for level in (1, 2, 3):  # each level keeps its own order
+        assert [r.number for r in order if r.level == level] == sorted(r.number for r in order if r.level == level)
