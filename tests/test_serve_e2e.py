@@ -4,6 +4,7 @@ again, and the clients get every verdict, each stored once. (Slow tier: it compi
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -106,3 +107,62 @@ def test_serve_judges_cpp_candidates_and_survives_a_kill(tmp_path):
         states = conn.execute("SELECT state, COUNT(*) FROM service_jobs GROUP BY state").fetchall()
     assert sorted(rows) == sorted((t.name, c.hash) for t, c in work + [broken]), "each pair once"
     assert states == [("done", 3)]
+
+
+def test_solve_judges_through_the_service(tmp_path):
+    """`cuda-agent solve --judge-url`: a scripted model writes a bundled solution; compile, verify and
+    submit are judged by the service (this process runs no judge), the broken first attempt gets the
+    compiler's message back through it, and a judge setting given beside --judge-url is refused."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from agent_server import ScriptedModel, last_observation, tool, tools
+
+    def expect(*needles, then):
+        def step(request):
+            seen = last_observation(request)
+            for needle in needles:
+                assert needle in seen, f"expected {needle!r} in:\n{seen}"
+            return then
+        return step
+
+    root = Path(suite_solutions("cpu")["10_RMSNorm"])
+    files = {"model_new.py": (root / "model_new.py").read_text()}
+    files |= {f"kernels/{p.name}": p.read_text() for p in sorted((root / "kernels").iterdir())}
+    broken = files["kernels/rmsnorm.cpp"].replace("(float)eps;", "(float)epsilon;")
+    assert broken != files["kernels/rmsnorm.cpp"]
+    script = [
+        tools(*[("write_file", {"path": p, "content": broken if p == "kernels/rmsnorm.cpp" else t})
+                for p, t in files.items()]),
+        tool("compile"),
+        expect("compile: FAILED", "epsilon", "judged by the service", then=tool(
+            "write_file", path="kernels/rmsnorm.cpp", content=files["kernels/rmsnorm.cpp"])),
+        tool("verify"),
+        expect("verify: PASSED", then=tool("profile")),
+        expect("profile (judge's timing): PASSED", then=tool("submit")),
+    ]
+    task_file = next(p for p in suite_tasks("cpu") if p.name == "10_RMSNorm").origin
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_service(tmp_path, port)
+    try:
+        wait_healthy(url, proc)
+        with ScriptedModel(script) as server:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "CUDA_AGENT"))}
+            env |= {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "test-key", "CUDA_AGENT_SERVE_TOKEN": TOKEN}
+            cmd = [sys.executable, "-m", "cuda_agent.cli", "solve", str(task_file), "--out", str(tmp_path / "out"),
+                   "--judge-url", url, "--max-turns", str(len(script) + 2)]
+            refused = subprocess.run(cmd + ["--device", "cpu"], capture_output=True, text=True, env=env, timeout=120)
+            assert refused.returncode == 2 and "leave out --device" in refused.stderr, refused.stderr
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+            assert res.returncode == 0, res.stderr[-4000:]
+            assert not server.errors, server.errors
+        summary = json.loads((tmp_path / "out" / "result.json").read_text())
+        assert summary["termination"] == "submitted", summary
+        assert summary["best"] and summary["best"]["reward"] >= 1
+        assert metric(url, "cuda_agent_serve_verdicts_total") == 2, "broken and fixed; verify, profile, submit: one"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -65,14 +65,20 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
     "-c", "--set", help="override one setting: a JudgeConfig field (-c n_timed=50, or -c judge.n_timed=50), "
                         "an AgentConfig field (-c agent.max_turns=20, -c agent.tools.observation_chars=4000) or a "
                         "ModelConfig field (-c model.temperature=0.2)")]
+JudgeUrlOpt = Annotated[Optional[str], typer.Option(
+    "--judge-url", envvar="CUDA_AGENT_JUDGE_URL",
+    help="judge through a running `cuda-agent serve` at this URL (its token in $CUDA_AGENT_SERVE_TOKEN) instead of "
+         "a judge in this process; the service's judge settings and GPUs apply, and this machine needs none")]
 RetriesOpt = Annotated[int, typer.Option("--retries", min=0, help="run a task again at once after a retryable "
                                          "error (model server, judge), up to this many times")]
 
 
 def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns, context_tokens, agent_file,
-           device, policy, compile_mode, config, set_):
+           device, policy, compile_mode, config, set_, judge_url=None):
     """Model client, judge gate and agent settings: flags over -c over the settings file over the
-    environment; a mistake in any of them is a usage error (exit 2)."""
+    environment; a mistake in any of them is a usage error (exit 2). With `judge_url` the gate is
+    the service there (`remote.RemoteGate`), whose own judge settings apply: giving judge settings
+    here too is a usage error rather than settings silently ignored."""
     from pydantic import ValidationError
 
     from cuda_agent.judge import JudgeConfig
@@ -106,13 +112,31 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
     except SettingsError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
-    _device_or_exit(judge_config.device)
+    if judge_url:
+        given = [flag for flag, value in (("--device", device), ("--policy", policy), ("--compile-mode", compile_mode),
+                                          ("--config", config)) if value is not None]
+        given += [f"-c {item}" for item in routed["judge"]]
+        if given:
+            _fail(f"--judge-url judges with the service's settings; leave out {', '.join(given)}", 2)
+    else:
+        _device_or_exit(judge_config.device)
     try:
         client = ChatClient(model_config)
     except ProviderError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
-    return client, JudgeGate(judge_config), agent_config
+    if not judge_url:
+        return client, JudgeGate(judge_config), agent_config
+    from cuda_agent.judge import JudgeError
+
+    from .remote import RemoteGate
+
+    try:
+        return client, RemoteGate.connect(judge_url), agent_config
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    except JudgeError as exc:
+        _fail(str(exc), EXIT_CANNOT_WORK)
 
 
 def _fail(message: str, code: int) -> None:
@@ -186,6 +210,7 @@ def solve_cmd(
     context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
     policy: PolicyOpt = None,
     compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None, retries: RetriesOpt = 0,
+    judge_url: JudgeUrlOpt = None,
 ) -> None:
     """Let a model turn your PyTorch module into verified, faster kernels.
 
@@ -202,7 +227,7 @@ def solve_cmd(
 
     task = _task_or_exit(module)
     client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
-                                    context_tokens, agent_config, device, policy, compile_mode, config, set_)
+                                    context_tokens, agent_config, device, policy, compile_mode, config, set_, judge_url)
     folder = out_dir or Path("agent_runs") / module.stem
     earlier = None if fresh else finished(folder, task)
     try:
@@ -239,6 +264,7 @@ def run_cmd(
     context_tokens: ContextOpt = None, agent_config: AgentConfigOpt = None, device: DeviceOpt = None,
     policy: PolicyOpt = None,
     compile_mode: CompileOpt = None, config: ConfigOpt = None, set_: SetOpt = None, retries: RetriesOpt = 0,
+    judge_url: JudgeUrlOpt = None,
 ) -> None:
     """Run the agent on many tasks with bounded concurrency and a progress bar.
 
@@ -254,7 +280,7 @@ def run_cmd(
     from .runner import finished, run_tasks, task_folder
 
     client, gate, settings = _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_turns,
-                                    context_tokens, agent_config, device, policy, compile_mode, config, set_)
+                                    context_tokens, agent_config, device, policy, compile_mode, config, set_, judge_url)
     spec = f"suite:{gate.device}" if tasks in ("suite", "suite:cuda", "suite:cpu") else tasks
     try:
         todo = load_tasks(spec, level)

@@ -104,6 +104,8 @@ class JudgeGate:
     """One judge shared by every agent of a process. Its calls are serialised: the judge is not
     thread-safe, and timings need a device nobody else is using. Created on first use."""
 
+    local = True  # the judge runs in this process (`remote.RemoteGate`: in a service)
+
     def __init__(self, config: JudgeConfig, judge: Judge | None = None):
         self.config = config
         self._judge = judge
@@ -122,8 +124,9 @@ class JudgeGate:
         with self._lock:
             return self._get().evaluate(task, candidate)
 
-    def build(self, candidate: Candidate) -> BuildOutcome:
-        """The judge's own build step (`Judge.build`): its checks of sources and binary, its cache."""
+    def build(self, candidate: Candidate, task: Task | None = None) -> BuildOutcome:
+        """The judge's own build step (`Judge.build`): its checks of sources and binary, its cache
+        (`task` is for gates that judge elsewhere; a build here needs none)."""
         with self._lock:
             return self._get().build(candidate)
 
@@ -466,7 +469,7 @@ class Toolbox:
 
     # ------------------------------------------------------------------------------ judge
     def _compile(self, a: Compile) -> Observation:
-        outcome = self.gate.build(self.candidate())
+        outcome = self.gate.build(self.candidate(), self.task)
         failure = outcome.failure
         if failure is None:
             how = "unchanged, from the build cache" if outcome.cached else f"built in {outcome.seconds:.1f} s"
@@ -503,8 +506,8 @@ class Toolbox:
         v = self._judge(cand, fresh=True)
         r = reward_of(v, self.reward)
         text = "profile (judge's timing): " + verdict_text(v, "profile", r)
-        if v.correct and self.gate.device == "cuda":
-            report = self.gate.build(cand)
+        if v.correct and self.gate.device == "cuda" and self.gate.local:
+            report = self.gate.build(cand, self.task)
             if report.library is not None:
                 cand_args = ["--candidate", str(self.root / "model_new.py"), "--library", str(report.library),
                              "--confine"]
@@ -515,6 +518,9 @@ class Toolbox:
                     detail = self._profile_run(cand_args)
                     text += (f"\n\nper-kernel profile (torch.profiler, warm cache, no counters; Nsight Compute "
                              f"unavailable: {why}):\n" + detail.text)
+        elif v.correct and self.gate.device == "cuda":
+            text += ("\n\nno per-kernel profile: the judge is a service on another machine and your library "
+                     "was built there")
         return Observation(text, ok=v.correct, verdict=v, candidate=cand, reward=r)
 
     def _ncu_run(self, cand_args: list[str], v: Verdict) -> tuple[str | None, str]:
@@ -546,6 +552,10 @@ class Toolbox:
         return ncu.render(ncu.summarize(ncu.parse_ncu(report)), peak_dram_gbs=peaks), ""
 
     def _profile_run(self, extra: list[str]) -> Observation:
+        if not self.gate.local and self.gate.device == "cuda" and not _local_cuda():
+            return Observation("profiling the reference runs on this machine, which has no GPU (the judge is a "
+                               "service elsewhere): verify() and profile() give the judge's own times of your "
+                               "candidate, eager PyTorch and torch.compile", ok=False)
         reference = self._home / "reference_model.py"
         reference.write_text(self.task.source)  # the task's copy: the workspace's model.py is not trusted
         argv = [sys.executable, "-m", "cuda_agent.agent.profile_run", "--reference", str(reference),
@@ -567,6 +577,12 @@ class Toolbox:
         return Observation("submit refused, the workspace does not pass the judge (fix it, or end without "
                            "submitting to keep the best verified version):\n" + verdict_text(v, "submit", r),
                            ok=False, verdict=v, candidate=cand, reward=r)
+
+
+def _local_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _read_capped(fh, keep: int = 1 << 20) -> str:
