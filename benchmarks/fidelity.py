@@ -899,7 +899,7 @@ def _pct(x) -> str:
 
 def markdown(report: dict) -> str:
     o = report["overall"]
-    lines = [f"# Fidelity: the judge on the KernelBench leaderboard corpus", "",
+    lines = ["# Fidelity: the judge on the KernelBench leaderboard corpus", "",
              f"Corpus `{report['corpus']}`: {report['records_in_corpus']} records paired with a reference, "
              f"{report['selected']} selected, {report['judged']} judged. Judge: {report['settings']['summary']}.",
              ""]

@@ -43,6 +43,15 @@ def start_service(tmp_path: Path, port: int) -> subprocess.Popen:
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def stop_service(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -93,12 +102,7 @@ def test_serve_judges_cpp_candidates_and_survives_a_kill(tmp_path):
         assert metric(url, "cuda_agent_serve_verdicts_total") == 2, "the finished one was not judged again"
         client.shutdown()
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_service(proc)
     gelu, sum_rows, bad = verdicts
     assert gelu.correct and sum_rows.correct, (gelu.summary(), sum_rows.summary())
     assert not bad.compiled and bad.failure.category.value == "compile", bad.failure.message
@@ -160,9 +164,4 @@ def test_solve_judges_through_the_service(tmp_path):
         assert summary["best"] and summary["best"]["reward"] >= 1
         assert metric(url, "cuda_agent_serve_verdicts_total") == 2, "broken and fixed; verify, profile, submit: one"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_service(proc)

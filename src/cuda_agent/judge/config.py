@@ -100,6 +100,10 @@ class JudgeConfig(BaseModel):
     cache_dir: Path = Field(default_factory=default_cache_dir,
                             description="builds, compiled extensions and cached baselines")
     cache_baselines: bool = Field(True, description="reuse eager/compile baseline timings per task and machine")
+    verdict_cache: bool = Field(
+        False, description="answer a candidate judged before (same task, bytes, deciding settings, machine model, "
+                           "software and judge code) from the stored verdict, marked from_cache; only correct "
+                           "verdicts and load, policy and compile failures are stored")
     use_zygote: bool | None = Field(
         None, description="fork candidate processes from a process that has imported torch once (start in "
                           "milliseconds, not seconds); default: on for the cpu backend, off for cuda")

@@ -26,6 +26,7 @@ given, or anything that decides the verdict.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -60,6 +61,7 @@ from .supply import WorkerSupply
 from .tensorio import TransportError, pack, packed_end, snapshot, unpack
 from .timing import reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
+from .verdict_cache import VerdictCache
 
 __all__ = ["Judge", "JudgeError", "judge"]
 
@@ -120,6 +122,12 @@ class Judge:
         self._references: dict[str, Reference] = {}
         self.builds = CandidateBuilds(self.builder, self.device, config.policy)
         self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
+        self.verdicts = None
+        if config.verdict_cache:
+            self.verdicts = VerdictCache(config.cache_dir / "verdicts", settings=config.model_dump(mode="json"), machine={
+                "device": self.device, "device_name": self.device_name, "torch": torch.__version__,
+                "cuda": str(torch.version.cuda), "harness": _HARNESS_VERSION,
+                "judge_code": hashlib.sha256(json.dumps(self._integrity, sort_keys=True).encode()).hexdigest()})
 
     # -------------------------------------------------------------------------------- public
     def check_reference(self, task: Task) -> Verdict:
@@ -160,6 +168,11 @@ class Judge:
 
     def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
         t0 = time.monotonic()
+        if self.verdicts is not None:
+            cached = self.verdicts.get(task.id, candidate.hash)
+            if cached is not None:
+                cached.judge_s = time.monotonic() - t0
+                return cached
         ev = self._new_evaluation(task, candidate.hash, "candidate")
         verdict = ev.verdict
         try:
@@ -188,6 +201,8 @@ class Judge:
         if verdict.failure is not None:
             verdict.correct = False
         verdict.judge_s = time.monotonic() - t0
+        if self.verdicts is not None:
+            self.verdicts.put(verdict)
         return verdict
 
     def build_plan(self, candidate: Candidate) -> BuildPlan:

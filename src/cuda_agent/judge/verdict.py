@@ -110,6 +110,7 @@ class Verdict(BaseModel):
     # The task's least work and, on a GPU in the peaks table, the least time it can take there
     # (`cuda_agent.hardware.sol`); kept with the task's eager baseline.
     speed_of_light: SpeedOfLight | None = None
+    from_cache: bool = False  # answered from the judge's verdict cache (`verdict_cache`): nothing ran
 
     @property
     def runtime_ms(self) -> float | None:
@@ -189,6 +190,7 @@ class Verdict(BaseModel):
             "build_s": self.build_s,
             "build_cached": self.build_cached,
             "judge_s": self.judge_s,
+            "from_cache": self.from_cache,
             "phase_s": dict(self.phase_s),
             "task_warnings": list(self.task_warnings),
             "notes": list(self.notes),

@@ -222,19 +222,28 @@ def rft_stage(cfg: TrainConfig, out: Path, progress: Progress = _quiet, *, expor
     learner = Learner(actor, tok, None, cfg.optim)
     if ckpt is not None:
         learner.load_optim(ckpt)
+    return _epochs(cfg, out, "rft", "sft_loss", kept, lambda batch: learner.sft_update(batch)["sft_loss"],
+                   learner, ckpt, start, progress, {"kept": len(kept)})
+
+
+def _epochs(cfg: TrainConfig, out: Path, stage: str, loss: str, eps: list, update, learner, ckpt, start: int,
+            progress: Progress, meta: dict | None = None) -> list[dict]:
+    """The supervised stages' epochs (RFT's SFT, the critic's value regression): shuffled batches,
+    one metrics record and one checkpoint per epoch (a killed run resumes at the next epoch), the
+    last checkpoint exported as `final/`."""
     for epoch in range(start, cfg.epochs):
-        batches = _batches(kept, cfg.batch_episodes, cfg.seed + epoch)
+        batches = _batches(eps, cfg.batch_episodes, cfg.seed + epoch)
         losses = []
         t0 = time.monotonic()
         for i, batch in enumerate(batches):
-            losses.append(learner.sft_update(batch)["sft_loss"])
-            progress(f"rft epoch {epoch + 1}/{cfg.epochs}", i + 1, len(batches), None)
-        record = {"stage": "rft", "step": epoch, "sft_loss": sum(losses) / len(losses), "sft_loss_first": losses[0],
-                  "sft_loss_last": losses[-1], "episodes": len(kept), "train_s": time.monotonic() - t0,
+            losses.append(update(batch))
+            progress(f"{stage} epoch {epoch + 1}/{cfg.epochs}", i + 1, len(batches), None)
+        record = {"stage": stage, "step": epoch, loss: sum(losses) / len(losses), f"{loss}_first": losses[0],
+                  f"{loss}_last": losses[-1], "episodes": len(eps), "train_s": time.monotonic() - t0,
                   "time": time.time()}
         append_metrics(out / "metrics.jsonl", record)
-        ckpt = learner.save(out, epoch, {"kept": len(kept)})
-        progress(f"rft epoch {epoch + 1}/{cfg.epochs}", len(batches), len(batches), record)
+        ckpt = learner.save(out, epoch, meta)
+        progress(f"{stage} epoch {epoch + 1}/{cfg.epochs}", len(batches), len(batches), record)
     if ckpt is not None:
         _export_final(ckpt, out)
     return read_metrics(out / "metrics.jsonl")
@@ -255,19 +264,6 @@ def critic_stage(cfg: TrainConfig, out: Path, progress: Progress = _quiet) -> li
     learner = Learner(actor, tok, critic, cfg.optim)
     if ckpt is not None:
         learner.load_optim(ckpt)
-    for epoch in range(start, cfg.epochs):
-        batches = _batches(eps, cfg.batch_episodes, cfg.seed + epoch)
-        losses = []
-        t0 = time.monotonic()
-        for i, batch in enumerate(batches):
-            losses.append(learner.critic_update(batch, cfg.ppo.gamma)["value_loss"])
-            progress(f"critic epoch {epoch + 1}/{cfg.epochs}", i + 1, len(batches), None)
-        record = {"stage": "critic", "step": epoch, "value_loss": sum(losses) / len(losses),
-                  "value_loss_first": losses[0], "value_loss_last": losses[-1], "episodes": len(eps),
-                  "train_s": time.monotonic() - t0, "time": time.time()}
-        append_metrics(out / "metrics.jsonl", record)
-        ckpt = learner.save(out, epoch)
-        progress(f"critic epoch {epoch + 1}/{cfg.epochs}", len(batches), len(batches), record)
-    if ckpt is not None:
-        _export_final(ckpt, out)
-    return read_metrics(out / "metrics.jsonl")
+    return _epochs(cfg, out, "critic", "value_loss", eps,
+                   lambda batch: learner.critic_update(batch, cfg.ppo.gamma)["value_loss"], learner, ckpt, start,
+                   progress)
