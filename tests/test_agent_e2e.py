@@ -4,6 +4,7 @@ CPU backend here (a compile error, its fix, verify, submit); the CUDA backend on
 from __future__ import annotations
 
 import pytest
+from conftest import judge_cache_dir
 from agent_server import ScriptedModel, last_observation, tool, tools
 
 from cuda_agent.agent import (Agent, AgentConfig, ChatClient, JudgeGate, ModelConfig, Terminal, Termination, Toolbox,
@@ -88,7 +89,7 @@ def test_cpu_run_fixes_a_compile_error_verifies_and_submits(tmp_path):
 
 
 @pytest.mark.gpu
-def test_cuda_run_solves_a_bundled_level1_task(tmp_path):
+def test_cuda_run_solves_a_bundled_level1_task(tmp_path, tmp_path_factory):
     task = load_task_file(suite_dir() / "cuda" / "level1" / "3_Softmax_Rows.py")
     files = solution_files("cuda", "3_Softmax_Rows")
     script = [
@@ -100,7 +101,8 @@ def test_cuda_run_solves_a_bundled_level1_task(tmp_path):
         expect("verify: PASSED", then=tool("profile")),
         expect("profile (judge's timing): PASSED", "per-kernel profile", "softmax", then=tool("submit")),
     ]
-    config = JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=tmp_path / "cache")
+    config = JudgeConfig(device="cuda", compile_mode="none", n_timed=10,
+                         cache_dir=judge_cache_dir(tmp_path_factory, "agent-cache"))
     result = run_agent(script, task, "cuda", tmp_path, config, max_turns=len(script) + 2)
     assert result.termination is Termination.SUBMITTED, result.message
     v = result.best_verdict

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import judge_cache_dir
 
 from cuda_agent.hardware import ncu
 
@@ -158,7 +159,7 @@ def test_profile_tool_says_why_ncu_gave_nothing(toolbox, tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------ GPU tier
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["3_Softmax_Rows", "1_Linear_Bias_ReLU", "9_Cumsum_Rows", "6_Batched_Transpose"])
-def test_profile_tool_on_a_bundled_solution(name, tmp_path):
+def test_profile_tool_on_a_bundled_solution(name, tmp_path, tmp_path_factory):
     """The profile tool on a bundled workspace solution: the judge's verdict with its share of
     speed-of-light, then Nsight Compute's per-kernel summary (or, without ncu, the fallback that says why)."""
     from cuda_agent.agent.tools import JudgeGate, Toolbox
@@ -175,7 +176,7 @@ def test_profile_tool_on_a_bundled_solution(name, tmp_path):
         if path.is_file():
             (ws / path.relative_to(solution)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, ws / path.relative_to(solution))
-    gate = JudgeGate(JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=tmp_path / "cache"))
+    gate = JudgeGate(JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=judge_cache_dir(tmp_path_factory, "ncu-cache")))
     box = Toolbox(task, ws, gate)
     try:
         obs = box.call("profile", {"target": "candidate"})
