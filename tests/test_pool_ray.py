@@ -17,7 +17,6 @@ ray = pytest.importorskip("ray")
 import test_pool  # noqa: E402  (the local transport's tests, run here over Ray)
 from test_pool import config, scripted, scripted_pool, task  # noqa: E402,F401
 
-from cuda_agent.judge.verdict import FailureCategory  # noqa: E402
 from cuda_agent.pool import Pool, PoolConfig, PoolError  # noqa: E402
 from cuda_agent.pool import pool as pool_module  # noqa: E402
 from cuda_agent.pool.ray_transport import RayTransport  # noqa: E402
@@ -77,16 +76,7 @@ def test_a_wedged_actor_is_replaced_and_the_candidate_times_out(config):
 
 
 def test_an_actor_that_dies_is_replaced_and_the_candidate_retried(config, tmp_path):
-    with scripted_pool(config, judge_workers=1) as pool:
-        pool.wait_ready(120)
-        once = pool.submit(task(0), scripted(f"die-once: {tmp_path / 'died'}"))
-        always = pool.submit(task(1), scripted("die"))
-        v_once, v_always = once.result(timeout=180), always.result(timeout=180)
-        stats = pool.stats()
-    assert v_once.correct, "a death that does not repeat is not the candidate's"
-    assert not v_always.correct and v_always.failure.category == FailureCategory.CRASH
-    assert "Ray actor lost" in v_always.failure.message
-    assert stats.retries == 2 and stats.worker_deaths == 3
+    test_pool.test_a_worker_that_dies_is_replaced_and_the_candidate_retried(config, tmp_path, death="Ray actor lost")
 
 
 def test_an_actor_killed_while_idle_is_noticed_and_replaced(config, ray_transport):
