@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from cuda_agent.judge.timing import reconcile
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "timing_check.py"
@@ -63,3 +65,20 @@ def test_ncu_csv_is_summed_per_forward():
     ])
     assert abs(mod.ncu_ms_per_forward(text, calls=2) - (1.86051 + 1.86 + 0.0096) / 2) < 1e-9
     assert mod.ncu_ms_per_forward("==ERROR== no kernels were profiled", calls=5) is None
+
+
+def test_a_single_threaded_claim_cannot_fall_below_its_own_threads_cpu_time():
+    # On 2 cores a single-threaded call of 3.3 ms uses 3.3 ms of CPU; the process's CPU time over the
+    # cores bounds it at 1.65 ms, so a clock slowed to 0.42x (1.4 ms claimed) passed. Its busiest
+    # thread's 3.3 ms does not divide by the cores.
+    inside = [1.4] * 20
+    outside = [0.5 + 3.3] * 20
+    loose = reconcile(inside, outside, overhead_ms=0.5, rel_slack=0.25, abs_slack_ms=0.3, cores=2, source="cpu")
+    assert loose.believed
+    tight = reconcile(inside, outside, overhead_ms=0.5, rel_slack=0.25, abs_slack_ms=0.3, cores=2, source="cpu",
+                      busiest_ms=[0.5 + 3.3] * 20)
+    assert not tight.believed and tight.timing.median_ms == pytest.approx(3.3)
+    # an honest parallel call: 2 threads of 3.3 ms CPU each in 3.4 ms of wall time
+    honest = reconcile([3.4] * 20, [0.5 + 6.6] * 20, overhead_ms=0.5, rel_slack=0.25, abs_slack_ms=0.3, cores=2,
+                       source="cpu", busiest_ms=[0.5 + 3.3] * 20)
+    assert honest.believed and honest.timing.median_ms == 3.4

@@ -286,7 +286,7 @@ class Judge:
                 # A loaded machine can stretch the judge's clock for a while; a candidate that lies
                 # about its time lies again. One more round of timed calls (fresh inputs, each
                 # output checked) decides, so a burst of load does not fail an honest candidate.
-                session.protocol_ms, session.methods = [], []
+                session.protocol_ms, session.methods, session.busiest_ms = [], [], []
                 inside, outside = self._drive(session, ref, setup, ["timed"] * cfg.n_timed, ev, deadline,
                                               first_index=len(roles))
                 rec = self._reconcile(session, inside, outside, null)
@@ -305,7 +305,8 @@ class Judge:
         rel_slack, abs_slack = self.config.slack()
         return reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
                          cores=self._cores if self.device == "cpu" else 1, source=session.timing_method(),
-                         protocol_ms=session.protocol_ms, baseline_protocol_ms=null.protocol_ms)
+                         protocol_ms=session.protocol_ms, baseline_protocol_ms=null.protocol_ms,
+                         busiest_ms=session.busiest_ms if self.device == "cpu" else None)
 
     def _start(self, task: Task, model_new: str, library: Path | None, setup: Setup, ev: Evaluation,
                deadline: float) -> Session:
@@ -418,6 +419,7 @@ class Judge:
                 ev.reported_error(ready)
             # The clock starts before the inputs exist anywhere the candidate can read them.
             cpu_before = _cpu_ns(proc.pid) if dev == "cpu" else 0
+            threads_before = _thread_cpu_ns(proc.pid) if dev == "cpu" else {}
             t_send = time.perf_counter()
             meta = pack(inputs, session.calls, 0, plane.in_size)
             if session.shared is not None:
@@ -431,6 +433,10 @@ class Judge:
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
+            busiest_ms = None
+            if dev == "cpu":
+                after = _thread_cpu_ns(proc.pid)
+                busiest_ms = max((ns - threads_before.get(tid, 0) for tid, ns in after.items()), default=0) / 1e6
             split["candidate"] += t_reply - t_prepare
             if not reply.get("ok"):
                 ev.reported_error(reply)
@@ -452,6 +458,8 @@ class Judge:
                 inside.append(claimed)
                 outside.append(measured)
                 session.protocol_ms.append(protocol_ms)
+                if busiest_ms is not None:
+                    session.busiest_ms.append(busiest_ms)
                 session.methods.append(str(reply.get("timing") or "events")[:16])
             idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
         if judged:
@@ -673,6 +681,27 @@ def _cpu_ns(pid: int) -> int:
         return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _thread_cpu_ns(pid: int) -> dict[int, int]:
+    """CPU time (ns) of each live thread of the process, from the kernel's schedstat (read here, in
+    the judge). A thread runs on one core at a time, so the CPU time one thread gained during a
+    call is a lower bound of the call's wall time that holds on any number of cores: dividing the
+    process's CPU time by the cores would let a single-threaded candidate claim a fraction of its
+    real time (its own clock can be slowed from native code). Threads that exited during the call
+    are not here; their time still counts in `_cpu_ns`."""
+    out: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                out[int(tid)] = int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def _num(x) -> float | None:

@@ -44,7 +44,7 @@ NUMPY_MARK = "cuda_agent::numpy_bridge"
 NUMPY_BRIDGES = (
     ("torch.Tensor", "numpy"), ("torch.Tensor", "__array__"), ("torch.Tensor", "__dlpack__"),
     ("torch", "from_numpy"), ("torch", "from_dlpack"), ("torch.utils.dlpack", "from_dlpack"),
-    ("torch.utils.dlpack", "to_dlpack"),
+    ("torch.utils.dlpack", "to_dlpack"), ("torch", "frombuffer"),
 )
 
 

@@ -46,9 +46,15 @@ ALLOWED_PRIVATE = {"_calculate_fan_in_and_fan_out", "_calculate_correct_fan", "_
                    "_no_grad_normal_", "_no_grad_trunc_normal_", "_no_grad_fill_", "_no_grad_zero_",
                    "_single", "_pair", "_triple", "_quadruple", "_ntuple", "_reverse_repeat_tuple"}
 FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "gi_frame", "tb_frame", "cr_frame", "f_code", "f_builtins",
-               "gi_code", "cr_code", "tb_next", "ag_frame"}
+               "gi_code", "cr_code", "tb_next", "ag_frame",
+               # inspect's ways to the caller's frame (the harness's locals are in it)
+               "currentframe", "getargvalues", "getouterframes", "getinnerframes", "getframeinfo", "_getframe",
+               "frame"}
 MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes", "subprocess", "threading",
-                "multiprocessing", "socket", "signal", "mmap", "marshal", "pickle", "shutil", "time"}
+                "multiprocessing", "socket", "signal", "mmap", "marshal", "pickle", "shutil", "time",
+                "np"}
+# PEP 263: the interpreter decodes a module by its coding declaration, the checker reads it as UTF-8
+_CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 ALLOWED_DUNDERS = {"__init__", "__name__"}
 # The typing machinery evaluates string annotations as code, out of the checker's sight: these
 # names are refused, and every string annotation is checked as the expression it stands for.
@@ -71,6 +77,37 @@ TENSOR_COMPUTE_METHODS = {
 }
 
 
+def source_encoding(source: str) -> str | None:
+    """The encoding a module's PEP 263 declaration names (first two lines), or None."""
+    for line in source.splitlines()[:2]:
+        m = _CODING.match(line)
+        if m:
+            return m[1]
+    return None
+
+
+def method_self_nodes(tree: ast.Module) -> set[int]:
+    """ids of the `self` names that are a method's own first parameter (not a nested function's or
+    lambda's parameter of that name, which can be bound to anything)."""
+    out: set[int] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue  # another scope: its own `self`, if any, is not the method's
+            if isinstance(child, ast.Name) and child.id == "self":
+                out.add(id(child))
+            visit(child)
+
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for fn in cls.body:
+            if isinstance(fn, ast.FunctionDef) and fn.args.args and fn.args.args[0].arg == "self":
+                visit(fn)
+    return out
+
+
 def check_python(source: str, policy: str) -> list[str]:
     """Violations in a candidate module (assumes it parses; syntax errors are reported elsewhere)."""
     tree = ast.parse(source)
@@ -80,6 +117,12 @@ def check_python(source: str, policy: str) -> list[str]:
 
     def add(node: ast.AST, what: str) -> None:
         out.append(f"line {getattr(node, 'lineno', '?')}: {what}")
+
+    encoding = source_encoding(source)
+    if encoding is not None and encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
+        out.append(f"line 1: a source encoding other than UTF-8 ('{encoding}') is not allowed: the judge checks "
+                   f"the text as UTF-8, the interpreter would decode it otherwise")
+    own_self = method_self_nodes(tree)
 
     def check_attr(node: ast.AST, owner: ast.AST, attr: str) -> None:
         if attr in ALLOWED_DUNDERS:
@@ -113,8 +156,10 @@ def check_python(source: str, policy: str) -> list[str]:
             if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
                 check_attr(node, node.args[0], node.args[1].value)
             elif node.func.id == "getattr" and strict and not (
-                    node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
-                add(node, "getattr with a computed name on anything but self is not allowed (strict policy)")
+                    node.args and isinstance(node.args[0], ast.Name) and id(node.args[0]) in own_self):
+                add(node, "getattr with a computed name on anything but a method's self is not allowed (strict policy)")
+        if strict and isinstance(node, ast.Name) and node.id == "self" and isinstance(node.ctx, (ast.Store, ast.Del)):
+            add(node, "rebinding 'self' is not allowed (strict policy)")
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name not in allowed_imports:
@@ -200,27 +245,43 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "Model":
             out.append(f"line {node.lineno}: the reference Model may not be used (no fallback)")
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for fn in node.body:
-            if not isinstance(fn, ast.FunctionDef) or fn.name == "__init__":
+    for fn in _compute_functions(tree):
+        for call in ast.walk(fn):
+            if not isinstance(call, ast.Call):
                 continue
-            for call in ast.walk(fn):
-                if not isinstance(call, ast.Call):
-                    continue
-                name = ast.unparse(call.func)
-                head, _, last = name.rpartition(".")
-                root = head.split(".")
-                if root[0] in ext_names or (root[0] == "self" and len(root) > 1 and root[1] in ext_attrs):
-                    continue  # the candidate's own extension
-                if head in python_math:
-                    continue
-                if head in {"torch", "torch.nn.functional", "F", "nn.functional", "torch.special",
-                            "torch.linalg", "torch.fft"} and last not in TORCH_CREATION:
-                    out.append(f"line {call.lineno}: PyTorch compute '{name}' in {fn.name} (strict policy)")
-                elif head and last in TENSOR_COMPUTE_METHODS:
-                    out.append(f"line {call.lineno}: tensor compute '.{last}()' in {fn.name} (strict policy)")
-    return out
+            name = ast.unparse(call.func)
+            head, _, last = name.rpartition(".")
+            root = head.split(".")
+            if root[0] in ext_names or (root[0] == "self" and len(root) > 1 and root[1] in ext_attrs):
+                continue  # the candidate's own extension
+            if head in python_math:
+                continue
+            where = getattr(fn, "name", "a lambda")
+            if head in {"torch", "torch.nn.functional", "F", "nn.functional", "torch.special",
+                        "torch.linalg", "torch.fft"} and last not in TORCH_CREATION:
+                out.append(f"line {call.lineno}: PyTorch compute '{name}' in {where} (strict policy)")
+            elif head and last in TENSOR_COMPUTE_METHODS:
+                out.append(f"line {call.lineno}: tensor compute '.{last}()' in {where} (strict policy)")
+    return list(dict.fromkeys(out))  # a nested function is read on its own and inside its parent
+
+
+def _compute_functions(tree: ast.Module) -> list[ast.AST]:
+    """The functions whose calls the strict compute check reads: every function and lambda of the
+    module, wherever defined (forward may call a module-level helper), except constructors
+    (`__init__` builds parameters with torch) and module-level functions used only inside them
+    (weight initialisation helpers) or nowhere (a copied `get_inputs`: the judge runs the task's)."""
+    inits = [fn for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+             for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.name == "__init__"]
+    in_init = {id(n) for fn in inits for n in ast.walk(fn)}
+    top = {fn.name: fn for fn in tree.body if isinstance(fn, ast.FunctionDef)}
+    init_only = set()
+    for name in top:
+        uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
+        if all(id(u) in in_init for u in uses):  # never used (get_inputs copied along), or only there
+            init_only.add(name)
+    skip = {id(n) for fn in inits for n in ast.walk(fn)}
+    skip |= {id(n) for name in init_only for n in ast.walk(top[name])}
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Lambda)) and id(n) not in skip]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,6 +291,10 @@ _CPP_ALWAYS = [
     (r"\bdlopen\b|\bdlsym\b|\bdlvsym\b|\bRTLD_\w+", "dynamic loading"),
     (r"\bmprotect\b|\bmmap\b|\bmremap\b|/proc/self", "memory mapping/patching"),
     (r"\basm\b|__asm__|__asm\b", "inline assembly (use CUDA intrinsics)"),
+    # Bytes placed in an executable section are machine code the compiler never wrote (a raw
+    # `syscall` stub, say): no section of the candidate's choosing, by attribute or pragma.
+    (r"\b_?_?section_?_?\s*\(|#\s*pragma\s+(GCC\s+)?section|\bcode_seg\b|\balloc_text\b",
+     "placing code or data in a section of its own"),
     (r"\bsyscall\b|\bfork\b|\bvfork\b|\bexec[lv]p?e?\b|\bsystem\s*\(|\bpopen\b|\bposix_spawn\w*|\bkill\s*\(",
      "processes"),
     (r"std::thread|std::async|std::jthread|pthread_\w+|(?<![.>\w])\s*\bclone\s*\(", "threads"),
@@ -240,8 +305,10 @@ _CPP_ALWAYS = [
     (r"\bcu(da)?Event\w*|\bcu(da)?Ipc\w*|\bcupti\w*|\bcudaProfiler\w*|\bnvtx\w*", "timers/profilers/IPC"),
     (r"\bcudaMallocManaged\b|\bcuMemAllocManaged\b|\bcudaDeviceReset\b|\bcudaDeviceSetLimit\b", "device-wide state"),
     (r"__attribute__\s*\(\s*\(\s*(constructor|destructor)|\binit_priority\b", "static constructors"),
-    (r"PyRun_\w*|PyImport_\w*|PyEval_\w*|PyObject_(Set|Get|Call)\w*|(py|pybind11)::(module_?::import|eval|exec|globals)"
-     r"|\bimport\s*\(\s*\"", "the Python C-API"),
+    # Python reached from C++: whatever the namespace is called (`namespace q = pybind11;`), and
+    # attributes of Python objects passed in (`m.attr("np")`).
+    (r"PyRun_\w*|PyImport_\w*|PyEval_\w*|PyObject_(Set|Get|Call)\w*|\bmodule_?\s*::\s*import\b"
+     r"|\b\w+\s*::\s*(eval|exec|globals|eval_file)\b|\bimport\s*\(\s*\"|\.\s*attr\s*\(", "the Python C-API"),
     (r"##", "token pasting"),
     (r"#\s*include\s*[<\"](/|\.\./)", "includes outside the workspace"),
     # <cstdio>/<stdio.h> stay allowed (printf in kernels and host code): their file functions are

@@ -31,6 +31,9 @@ class Session:
         # candidate process says it timed the call
         self.protocol_ms: list[float] = []
         self.methods: list[str] = []
+        # CPU backend, per timed call: the CPU time of the candidate's busiest thread (ms), a
+        # lower bound of the call's wall time that no number of cores divides (timing.reconcile)
+        self.busiest_ms: list[float] = []
         # Per output: bound on the error against the reference for calls without a float64
         # reference, the largest found on the checked calls (None: the fixed per-dtype bound).
         self.rel_l2_bounds: list | None = None

@@ -253,7 +253,8 @@ class Reconciled:
 
 def reconcile(inside_ms: list[float], outside_ms: list[float], overhead_ms: float, *,
               rel_slack: float, abs_slack_ms: float, cores: int = 1, source: str = "events",
-              protocol_ms: list[float] | None = None, baseline_protocol_ms: float | None = None) -> Reconciled:
+              protocol_ms: list[float] | None = None, baseline_protocol_ms: float | None = None,
+              busiest_ms: list[float] | None = None) -> Reconciled:
     """Believe the candidate's own times only if the judge's clock agrees.
 
     `outside_ms` are the judge's own measurements of the same calls (wall time on CUDA; on the
@@ -266,7 +267,10 @@ def reconcile(inside_ms: list[float], outside_ms: list[float], overhead_ms: floa
     `baseline_protocol_ms` the same round trip when the null model was measured, so each call's
     overhead grows by what its neighbouring round trip grew (capped: a candidate that slows that
     request buys itself at most the cap). Load only ever adds time, so the bound is read from the
-    lower quartile of the calls, not their median. The claim is believed when it is not below that
+    lower quartile of the calls, not their median. On the CPU backend `busiest_ms` is, per call,
+    the CPU time of the candidate's busiest thread: one thread runs on one core at a time, so that
+    time (less the same overhead) bounds the call from below whatever `cores` is, and a
+    single-threaded candidate cannot claim less than its own work. The claim is believed when it is not below that
     bound by more than the slack; otherwise the bound is the runtime. A claim under a third of the
     bound is a lie, not noise.
     """
@@ -276,6 +280,8 @@ def reconcile(inside_ms: list[float], outside_ms: list[float], overhead_ms: floa
         cap = max(overhead_ms, 0.5)
         extra = [min(max(p - baseline_protocol_ms, 0.0), cap) for p in protocol_ms]
     est = [max(o - overhead_ms - x, 0.0) / cores for o, x in zip(outside_ms, extra)]
+    if busiest_ms is not None and len(busiest_ms) == len(est):
+        est = [max(e, b - overhead_ms - x) for e, b, x in zip(est, busiest_ms, extra)]
     ordered = sorted(est)
     outside = ordered[(len(ordered) - 1) // 4] if ordered else 0.0
     if outside <= inside * (1 + rel_slack) + abs_slack_ms:

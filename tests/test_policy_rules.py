@@ -1,0 +1,73 @@
+"""Static policy rules that close ways past the checker: what the interpreter would read differently
+from the checker, compute moved out of the model's methods, Python reached from C++, and code
+bytes of the candidate's own."""
+
+from __future__ import annotations
+
+from cuda_agent.judge.policy import check_cpp, check_python
+
+HELPER = '''import torch
+import torch.nn as nn
+
+
+def init_weight(w):
+    return w.mul_(0.5)           # used only by __init__: weight initialisation
+
+
+def get_inputs():
+    return [torch.randn(4, 4)]   # copied along, never called: the judge runs the task's
+
+
+def helper(a, b):
+    return torch.matmul(a, b)    # called from forward: compute the policy refuses
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(init_weight(torch.ones(4)))
+
+    def forward(self, a, b):
+        name = "w"
+        return helper(getattr(self, name), b)
+'''
+
+
+def test_compute_in_a_module_level_helper_is_found_and_init_helpers_are_not():
+    found = check_python(HELPER, "strict")
+    assert found == ["line 14: PyTorch compute 'torch.matmul' in helper (strict policy)"], found
+    assert check_python(HELPER, "lenient") == []
+
+
+def test_getattr_with_a_computed_name_only_on_a_methods_own_self():
+    src = ("import torch\n\ndef g(self, n):\n    return getattr(self, n)\n\n"
+           "class ModelNew:\n    def forward(self, x):\n        f = lambda self, n: getattr(self, n)\n"
+           "        return getattr(self, 'w' + '')\n")
+    found = check_python(src, "strict")
+    assert [f.split(":")[0] for f in found] == ["line 4", "line 8"], found
+    rebound = "class ModelNew:\n    def forward(self, x):\n        self = x\n        return getattr(self, 'a' + 'b')\n"
+    assert any("rebinding 'self'" in f for f in check_python(rebound, "strict"))
+
+
+def test_a_coding_declaration_other_than_utf8_is_refused():
+    assert check_python("# coding: utf-8\nimport torch\n", "strict") == []
+    for cookie in ("# coding: utf-7", "# -*- coding: latin-1 -*-", "#!/usr/bin/env python\n# vim: set fileencoding=utf_16 :"):
+        found = check_python(cookie + "\nimport torch\n", "lenient")
+        assert found and "source encoding" in found[0], (cookie, found)
+
+
+def test_frames_through_inspect_and_numpy_through_torch_are_refused():
+    for line in ("fi = x.frame", "d = ins.getargvalues(f)", "f = ins.currentframe()", "np = torch.storage.np"):
+        assert check_python(f"import torch\n{line}\n", "lenient"), line
+
+
+def test_python_from_cpp_under_any_namespace_name_and_sections_of_its_own():
+    for src in ('namespace q = pybind11; void f(){ const char* n = "numpy"; q::module_::import(n); }',
+                'void f(pybind11::object m){ auto np = m.attr("np"); }',
+                'void f(){ PyImport_ImportModule("numpy"); }',
+                '__attribute__((section(".text#"), used)) static const unsigned char stub[] = {0x0f, 0x05};',
+                '[[gnu::section(".text")]] static const char s[] = {1};'):
+        assert check_cpp(src, "x.cpp", "lenient"), src
+    honest = ('#include <torch/extension.h>\nint section_count = 2;\n'
+              'torch::Tensor f(torch::Tensor x) { return torch::empty_like(x); }\n')
+    assert check_cpp(honest, "x.cpp", "strict") == []
