@@ -214,14 +214,12 @@ def bench_cmd(
     client = None
     errors: tuple[type[Exception], ...] = (TaskError, JudgeError, PoolError, DBError)
     if judge_url:
-        import os
-
         from cuda_agent.serve.client import JudgeClient, ServiceError
 
-        token = os.environ.get("CUDA_AGENT_SERVE_TOKEN", "")
-        if not token:
-            _fail("--judge-url needs the service's token in $CUDA_AGENT_SERVE_TOKEN", 2)
-        client = JudgeClient(judge_url, token)
+        try:
+            client = JudgeClient.from_env(judge_url)
+        except ValueError as exc:
+            _fail(str(exc), 2)
         errors += (ServiceError,)
     try:
         result = run_bench(tasks, solutions, cfg, levels=level, out=out, db_path=db, run_name=run,

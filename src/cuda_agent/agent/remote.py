@@ -20,14 +20,12 @@ not judge is the same, as with the local judge.
 from __future__ import annotations
 
 import contextlib
-import os
 
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import FailureCategory, JudgeConfig, JudgeError, Verdict
 from cuda_agent.judge.buildplan import BuildOutcome
 from cuda_agent.tasks import Task
 
-TOKEN_ENV = "CUDA_AGENT_SERVE_TOKEN"
 _BUILD_CATEGORIES = (FailureCategory.LOAD, FailureCategory.POLICY, FailureCategory.COMPILE,
                      FailureCategory.COMPILE_TIMEOUT)
 
@@ -57,10 +55,7 @@ class RemoteGate:
         without a token, JudgeError when the service cannot be asked."""
         from cuda_agent.serve.client import JudgeClient
 
-        token = os.environ.get(TOKEN_ENV, "")
-        if not token:
-            raise ValueError(f"--judge-url needs the service's token in ${TOKEN_ENV}")
-        client = JudgeClient(url, token, run=run)
+        client = JudgeClient.from_env(url, run=run)
         try:
             return cls(client, url=url)
         except BaseException:

@@ -419,7 +419,8 @@ class Judge:
                 ev.reported_error(ready)
             # The clock starts before the inputs exist anywhere the candidate can read them.
             cpu_before = _cpu_ns(proc.pid) if dev == "cpu" else 0
-            threads_before = _thread_cpu_ns(proc.pid) if dev == "cpu" else {}
+            busiest = dev == "cpu" and role == "timed"  # the bound reconcile reads for timed calls
+            threads_before = _thread_cpu_ns(proc.pid) if busiest else {}
             t_send = time.perf_counter()
             meta = pack(inputs, session.calls, 0, plane.in_size)
             if session.shared is not None:
@@ -434,7 +435,7 @@ class Judge:
             wall_ms = (t_reply - t_send) * 1e3
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
             busiest_ms = None
-            if dev == "cpu":
+            if busiest:
                 after = _thread_cpu_ns(proc.pid)
                 busiest_ms = max((ns - threads_before.get(tid, 0) for tid, ns in after.items()), default=0) / 1e6
             split["candidate"] += t_reply - t_prepare

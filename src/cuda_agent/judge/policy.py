@@ -246,6 +246,7 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
         if isinstance(node, ast.Name) and node.id == "Model":
             out.append(f"line {node.lineno}: the reference Model may not be used (no fallback)")
     for fn in _compute_functions(tree):
+        where = getattr(fn, "name", "a lambda")
         for call in ast.walk(fn):
             if not isinstance(call, ast.Call):
                 continue
@@ -256,7 +257,6 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
                 continue  # the candidate's own extension
             if head in python_math:
                 continue
-            where = getattr(fn, "name", "a lambda")
             if head in {"torch", "torch.nn.functional", "F", "nn.functional", "torch.special",
                         "torch.linalg", "torch.fft"} and last not in TORCH_CREATION:
                 out.append(f"line {call.lineno}: PyTorch compute '{name}' in {where} (strict policy)")
@@ -272,15 +272,12 @@ def _compute_functions(tree: ast.Module) -> list[ast.AST]:
     (weight initialisation helpers) or nowhere (a copied `get_inputs`: the judge runs the task's)."""
     inits = [fn for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
              for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.name == "__init__"]
-    in_init = {id(n) for fn in inits for n in ast.walk(fn)}
-    top = {fn.name: fn for fn in tree.body if isinstance(fn, ast.FunctionDef)}
-    init_only = set()
-    for name in top:
-        uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
-        if all(id(u) in in_init for u in uses):  # never used (get_inputs copied along), or only there
-            init_only.add(name)
     skip = {id(n) for fn in inits for n in ast.walk(fn)}
-    skip |= {id(n) for name in init_only for n in ast.walk(top[name])}
+    top = {fn.name: fn for fn in tree.body if isinstance(fn, ast.FunctionDef)}
+    used_outside_init = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in skip}
+    for name, fn in top.items():
+        if name not in used_outside_init:  # never used (get_inputs copied along), or only in __init__
+            skip |= {id(n) for n in ast.walk(fn)}
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Lambda)) and id(n) not in skip]
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-TOKEN_ENV = "CUDA_AGENT_SERVE_TOKEN"
+from . import TOKEN_ENV
 EXIT_USAGE, EXIT_JUDGE = 2, 3
 err = Console(stderr=True)
 

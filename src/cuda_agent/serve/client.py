@@ -21,6 +21,7 @@ The agent, RL rollouts and `bench` use it where they would use an in-process `Po
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -34,6 +35,7 @@ from cuda_agent.judge.harness import JudgeError
 from cuda_agent.judge.verdict import Verdict
 from cuda_agent.tasks import Task
 
+from . import TOKEN_ENV
 from .records import (API, MAX_IDS, CandidateSpec, Health, ServiceInfo, StatusReply, Submission, SubmitRequest,
                       TaskSpec)
 
@@ -73,6 +75,15 @@ class JudgeClient:
         self._closed = False
         self._poller = threading.Thread(target=self._poll_loop, name="judge-client", daemon=True)
         self._poller.start()
+
+    @classmethod
+    def from_env(cls, url: str, *, run: str = "serve", config: ClientConfig | None = None) -> "JudgeClient":
+        """A client whose token is $CUDA_AGENT_SERVE_TOKEN (the `--judge-url` options). Raises
+        ValueError without one."""
+        token = os.environ.get(TOKEN_ENV, "")
+        if not token:
+            raise ValueError(f"--judge-url needs the service's token in ${TOKEN_ENV}")
+        return cls(url, token, run=run, config=config)
 
     # ------------------------------------------------------------------------------ HTTP
     def _request(self, method: str, path: str, *, json: dict | None = None, deadline: float | None = None,
