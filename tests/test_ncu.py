@@ -156,6 +156,19 @@ def test_profile_tool_says_why_ncu_gave_nothing(toolbox, tmp_path, monkeypatch):
     assert toolbox._ncu_run([], v) == (None, "ncu is not on PATH")
 
 
+def test_confinement_works_under_the_tool_runners_lower_file_size_limit(tmp_path):
+    """The tools start profiling with `ulimit -f` already set (ToolConfig.shell_output_bytes); the
+    profiling process then shuts itself in without trying to raise that hard limit (which fails)."""
+    import subprocess
+
+    code = ("import resource; from cuda_agent.agent.profile_run import confine; confine(); "
+            "print(resource.getrlimit(resource.RLIMIT_FSIZE)[1])")
+    out = subprocess.run(["bash", "-c", f'ulimit -f 65536 && exec "{sys.executable}" -c "$0"', code],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) == 65536 * 1024
+
+
 # ------------------------------------------------------------------------------------------ GPU tier
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["3_Softmax_Rows", "1_Linear_Bias_ReLU", "9_Cumsum_Rows", "6_Batched_Transpose"])

@@ -40,7 +40,11 @@ def confine() -> None:
     from cuda_agent.judge.sandbox import install_seccomp
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
+    # At most 1 GiB per file, never more than the limit this process was started under (the tool
+    # runner's own, which is lower): raising a hard limit is refused, and would be wrong anyway.
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    cap = 1 << 30 if hard == resource.RLIM_INFINITY else min(hard, 1 << 30)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
     if not install_seccomp():
         print("profile_run: the seccomp filter could not be installed; the candidate was not run", file=sys.stderr)
         sys.exit(4)
