@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import socket
@@ -166,6 +167,32 @@ def test_a_noisy_reference_widens_the_bound_only_to_the_ceiling():
     for out in (torch.zeros_like(ref), torch.full_like(ref, 1.0 / ref.shape[1])):
         res = compare_outputs([ref], [out], expected64=[ref64], **NOISE)
         assert not res.ok and res.rel_l2_bound == 1e-2 and "relative L2" in res.message, res.message
+
+
+def test_a_reference_that_is_rounding_noise_is_judged_elementwise_only():
+    # the mean over each row of a normalised tensor (as in GroupNorm then mean): exactly zero, so
+    # float32 gives rounding noise ~1e-8 whose error against float64 is many times the output
+    # itself. A correct candidate with another summation order has different noise: a relative
+    # bound measures nothing there, and the elementwise tolerance decides.
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(128, 4096, generator=g)
+
+    def normalised_mean(t, flip=False):
+        y = (t - t.mean(dim=1, keepdim=True)) / t.std(dim=1, keepdim=True)
+        return (y.flip(1) if flip else y).sum(dim=1) / y.shape[1]
+
+    ref, ref64, cand = normalised_mean(x), normalised_mean(x.double()), normalised_mean(x, flip=True)
+    assert float(ref.abs().max()) < 1e-6
+    res = compare_outputs([ref], [cand], expected64=[ref64], **NOISE)
+    assert res.ok and res.noise_dominated == (0,) and res.ref_noise_rel_l2 >= 1.0, res
+    assert res.later_bounds == (math.inf,)   # nor a bound on the later calls
+    assert compare_outputs([ref], [cand], rel_l2_bounds=list(res.later_bounds), **NOISE).ok
+    bad = compare_outputs([ref], [cand + 0.5], expected64=[ref64], **NOISE)
+    assert not bad.ok and "outside atol" in bad.message
+    # an ill-conditioned but meaningful reference (noise well under 100%) keeps its bound
+    quiet = torch.softmax(x, dim=-1)
+    res = compare_outputs([quiet], [torch.zeros_like(quiet)], expected64=[torch.softmax(x.double(), dim=-1)], **NOISE)
+    assert not res.ok and res.noise_dominated == ()
 
 
 def test_each_output_gets_its_own_bound():
