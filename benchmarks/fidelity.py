@@ -13,11 +13,13 @@ the number in that name decides (and a disagreement is reported).
     python benchmarks/fidelity.py --corpus ... --out ... --time-budget 8     # again until all are judged
     python benchmarks/fidelity.py --corpus ... --out ... --report-only --explain reviewed.json
     python benchmarks/fidelity.py --corpus ... --out ... --prescreen       # static checks only, no device
+    python benchmarks/fidelity.py --corpus ... --out ... --rejudge 'l3_p15_*'  # after a judge fix
 
 1. Every record (or a sample stratified by level) is paired with its reference and judged through
    the project's pool (`cuda_agent.pool`), by default on CUDA with the lenient policy (published
    solutions use torch glue) and no torch.compile baseline. Each result is appended to
-   `OUT/verdicts.jsonl` as it arrives: a rerun judges only the records that file lacks.
+   `OUT/verdicts.jsonl` as it arrives: a rerun judges only the records that file lacks
+   (`--rejudge GLOB` takes the matching records' verdicts out first, so they are judged again).
 2. The share judged correct, overall and per level; every rejection is classified by explicit
    rules over the verdict's failure category and message (`RULES` below) into `solution_error`,
    `hack`, `policy_difference` or `judge_problem`; `--explain FILE` (JSON: record key -> {"class",
@@ -238,6 +240,31 @@ def read_results(out: Path) -> dict[str, dict]:
         if isinstance(entry, dict) and isinstance(entry.get("key"), str):
             results[entry["key"]] = entry
     return results
+
+
+def forget_results(out: Path, patterns: list[str]) -> list[str]:
+    """Take the verdicts of records whose key matches any of `patterns` (fnmatch) out of the
+    results file, so a rerun judges them again; the file is replaced in one step. Returns the keys."""
+    import fnmatch
+
+    path = out / VERDICTS_FILE
+    if not patterns or not path.is_file():
+        return []
+    kept, dropped = [], []
+    for line in path.read_text().splitlines():
+        try:
+            key = json.loads(line).get("key")
+        except (ValueError, AttributeError):
+            key = None
+        if isinstance(key, str) and any(fnmatch.fnmatchcase(key, p) for p in patterns):
+            dropped.append(key)
+        elif line.strip():
+            kept.append(line)
+    if dropped:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
 
 
 def append_result(out: Path, entry: dict) -> None:
@@ -1007,6 +1034,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float,
                    help="minutes: submit nothing new after this, withdraw what waits; a rerun goes on from there")
     p.add_argument("--report-only", action="store_true", help="judge nothing: report what OUT holds")
+    p.add_argument("--rejudge", action="append", default=[], metavar="GLOB",
+                   help="judge again the records whose key matches (e.g. 'l3_p15_*'; repeatable): their "
+                        "verdicts are taken out of OUT/verdicts.jsonl first")
     p.add_argument("--prescreen", action="store_true",
                    help="no device: the judge's static checks (policy, compiler flags) over the records, "
                         "classified by the same rules, to OUT/prescreen.json and prescreen.md")
@@ -1103,6 +1133,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     for line in corpus.conflicts:
         print(f"mapping conflict: {line}", file=sys.stderr)
+    if args.rejudge and not args.report_only:
+        dropped = forget_results(args.out, args.rejudge)
+        print(f"--rejudge: {len(dropped)} verdicts taken out ({', '.join(dropped[:8])}"
+              f"{', ...' if len(dropped) > 8 else ''})")
     results = read_results(args.out)
     if not args.report_only:
         from cuda_agent.judge import JudgeError

@@ -503,6 +503,19 @@ def test_ncu_runner_builds_modelnew_with_reference_globals(tmp_path):
 
 # ------------------------------------------------------------------------------- arguments
 
+def test_rejudge_takes_matching_verdicts_out_and_keeps_the_rest(tmp_path):
+    lines = [json.dumps({"key": k, "verdict": {"correct": True}}) for k in
+             ("l3_p15_gpt-o1", "l3_p15_deepseek-coder", "l2_p41_gpt-4o", "l1_p1_model-a")]
+    (tmp_path / fid.VERDICTS_FILE).write_text("\n".join(lines) + "\n" + '{"key": "l1_p2_cut-sh')  # a torn last line
+    assert fid.forget_results(tmp_path, []) == []
+    dropped = fid.forget_results(tmp_path, ["l3_p15_*", "l2_p41_gpt-4o"])
+    assert sorted(dropped) == ["l2_p41_gpt-4o", "l3_p15_deepseek-coder", "l3_p15_gpt-o1"]
+    assert list(fid.read_results(tmp_path)) == ["l1_p1_model-a"]
+    assert fid.forget_results(tmp_path, ["l3_p15_*"]) == []  # nothing left to take out
+    fid.append_result(tmp_path, {"key": "l3_p15_gpt-o1", "verdict": {"correct": True}})
+    assert sorted(fid.read_results(tmp_path)) == ["l1_p1_model-a", "l3_p15_gpt-o1"]
+
+
 def test_arguments_are_checked(tmp_path):
     missing = run_script("--corpus", str(tmp_path / "nope"), "--out", str(tmp_path / "out"), timeout=120)
     assert missing.returncode == 2 and "corpus folder not found" in missing.stderr
