@@ -2,7 +2,7 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier (= prebuild+tiertests), timing, fidelity, steps, filestep, start, bench, throughput, synth, probe;
+# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, fidelity, steps, filestep, start, bench, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
@@ -62,11 +62,25 @@ case "$stage" in
     # the timing checks need the GPU mostly to themselves. A test that finds its build missing
     # compiles it itself, slowly, beside the others.
     export CUDA_AGENT_TEST_CACHE=${CUDA_AGENT_TEST_CACHE:-$PWD/.cache/test-cache}
+    # A cache an earlier machine of the same kind built (`pack-cache`), carried in .test-cache/:
+    # unpacked first, so only what changed since is compiled (the build keys decide).
+    if ls .test-cache/test-cache.tgz.part-* >/dev/null 2>&1; then
+      mkdir -p "$CUDA_AGENT_TEST_CACHE"
+      cat .test-cache/test-cache.tgz.part-* | tar xzf - -C "$CUDA_AGENT_TEST_CACHE" --strip-components=1 \
+        && echo "unpacked $(find "$CUDA_AGENT_TEST_CACHE" -name '*.so' | wc -l) cached builds from .test-cache"
+    fi
     t0=$(date +%s)
     timeout ${PREBUILD_TIMEOUT:-540} cuda-agent build tests/fixtures/cuda/honest tests/fixtures/cuda/hacks \
       tests/fixtures/cuda/faults $suite/solutions/cuda --device cuda -j ${PREBUILD_PARALLEL:-16} --jobs 1 \
       -c cache_dir="$CUDA_AGENT_TEST_CACHE" > "$out/prebuild.log" 2>&1
     echo "prebuild rc=$? after $(( $(date +%s) - t0 )) s: $(tail -1 "$out/prebuild.log")"
+    ;;
+  pack-cache)
+    # The test cache in parts the device tool brings back (16 MiB each): put them in .test-cache/
+    # here (ignored by git) and carry that folder next time, for `prebuild` to unpack.
+    tar czf - -C "$(dirname "${CUDA_AGENT_TEST_CACHE:-$PWD/.cache/test-cache}")" \
+      "$(basename "${CUDA_AGENT_TEST_CACHE:-$PWD/.cache/test-cache}")" | split -b 15m - "$out/test-cache.tgz.part-"
+    ls -la "$out"/test-cache.tgz.part-*
     ;;
   tiertests)
     # One folder for every call on the same machine, so a rerun (a warm machine keeps ignored
