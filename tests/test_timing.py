@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from cuda_agent.judge import harness, timing
 from cuda_agent.judge.timing import reconcile
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "timing_check.py"
@@ -82,3 +85,96 @@ def test_a_single_threaded_claim_cannot_fall_below_its_own_threads_cpu_time():
     honest = reconcile([3.4] * 20, [0.5 + 6.6] * 20, overhead_ms=0.5, rel_slack=0.25, abs_slack_ms=0.3, cores=2,
                        source="cpu", busiest_ms=[0.5 + 3.3] * 20)
     assert honest.believed and honest.timing.median_ms == 3.4
+
+
+# ---- the CPU backend's wall-clock bound: wall time less the waits for a core ------------------------------
+# A serial chain of T = 20 ms relayed between 2 threads on 2 cores, its clock slowed to 1/5 (4 ms claimed):
+# the process spends 20 ms of CPU time (20 / 2 cores = 10 ms), no thread more than 10 ms, the call 20 ms of
+# wall time. Protocol: 1.0 ms of CPU, 1.8 ms of wall time (the null model's).
+RELAY = dict(inside=[4.0] * 10, outside=[1.0 + 20.0] * 10, busiest=[1.0 + 10.0] * 10)
+CPU_KW = dict(overhead_ms=1.0, rel_slack=0.25, abs_slack_ms=0.3, cores=2, source="cpu")
+
+
+def test_serial_work_relayed_between_threads_is_caught_by_the_wall_clock_bound():
+    cpu_only = reconcile(RELAY["inside"], RELAY["outside"], busiest_ms=RELAY["busiest"], **CPU_KW)
+    assert not cpu_only.believed and not cpu_only.gross_lie   # the CPU-time bounds read half of it: 10 ms
+    assert cpu_only.timing.median_ms == pytest.approx(10.0)
+    walled = reconcile(RELAY["inside"], RELAY["outside"], busiest_ms=RELAY["busiest"], **CPU_KW,
+                       wall_ms=[1.8 + 20.0] * 10, waited_ms=[0.3] * 10, wall_overhead_ms=1.8,
+                       wall_steady=[True] * 10)
+    assert not walled.believed and walled.gross_lie and walled.timing.source == "outside"
+    assert walled.timing.median_ms == pytest.approx(19.7)
+
+
+def test_the_wall_clock_bound_only_ever_raises_the_estimate():
+    # no bound where the waits could not be read, and a wall time all waiting lowers nothing
+    kw = dict(busiest_ms=RELAY["busiest"], **CPU_KW)
+    base = reconcile(RELAY["inside"], RELAY["outside"], **kw)
+    for waited in ([None] * 10, [21.8] * 10):
+        r = reconcile(RELAY["inside"], RELAY["outside"], **kw, wall_ms=[0.5] * 10, waited_ms=waited,
+                      wall_overhead_ms=1.8)
+        assert r.timing.median_ms == base.timing.median_ms and r.gross_lie == base.gross_lie
+    # a null model measured before the bound existed gives none
+    old = reconcile(RELAY["inside"], RELAY["outside"], **kw, wall_ms=[21.8] * 10, waited_ms=[0.0] * 10,
+                    wall_overhead_ms=None)
+    assert old.timing.median_ms == base.timing.median_ms
+
+
+def test_an_honest_parallel_kernel_on_a_loaded_host_is_believed():
+    # Two threads of 8 ms each share 2 cores with another process: the call takes 15 ms in the process
+    # (its claim, waits included), the protocol 1.8 ms plus 1.5 ms of waiting, and the kernel charged
+    # the threads 14 ms of waits (on and off the critical path). The CPU clock reads 1.0 + 16 ms.
+    honest = reconcile([15.0] * 10, [1.0 + 16.0] * 10, busiest_ms=[1.0 + 8.0] * 10, **CPU_KW,
+                       wall_ms=[15.0 + 1.8 + 1.5] * 10, waited_ms=[14.0] * 10, wall_overhead_ms=1.8)
+    assert honest.believed and honest.timing.median_ms == 15.0
+    # a small single-threaded kernel: 1.4 ms claimed, its protocol stretched by 1.5 ms of waiting
+    small = reconcile([1.4] * 10, [1.0 + 1.4] * 10, busiest_ms=[1.0 + 1.4] * 10, **CPU_KW,
+                      wall_ms=[1.4 + 1.8 + 1.5] * 10, waited_ms=[1.6] * 10, wall_overhead_ms=1.8)
+    assert small.believed and small.timing.median_ms == 1.4
+    # unloaded: no waits, the wall time is the claim plus the protocol
+    quiet = reconcile([1.4] * 10, [1.0 + 1.4] * 10, busiest_ms=[1.0 + 1.4] * 10, **CPU_KW,
+                      wall_ms=[1.4 + 1.8] * 10, waited_ms=[0.0] * 10, wall_overhead_ms=1.8)
+    assert quiet.believed
+
+
+def test_waits_taken_off_are_capped_so_a_herd_of_woken_threads_buys_little():
+    # The relay plus bursts of 64 threads woken together: ~1 ms more wall time, 60 ms of summed waits.
+    args = (RELAY["inside"], RELAY["outside"])
+    kw = dict(busiest_ms=RELAY["busiest"], **CPU_KW, wall_ms=[1.8 + 21.0] * 10, waited_ms=[60.0] * 10,
+              wall_overhead_ms=1.8)
+    r = reconcile(*args, **kw)
+    assert not r.believed and r.gross_lie and r.timing.median_ms == pytest.approx(21.0 - 1.8)
+    # the cap is the null model's protocol cost, and at least a millisecond
+    tiny = reconcile(*args, **{**kw, "wall_ms": [0.2 + 21.0] * 10, "wall_overhead_ms": 0.2})
+    assert tiny.timing.median_ms == pytest.approx(21.0 - timing.WAIT_ALLOWANCE_FLOOR_MS)
+
+
+def test_a_call_that_lost_a_thread_replaces_the_claim_but_does_not_make_it_a_lie():
+    args = (RELAY["inside"], RELAY["outside"])
+    kw = dict(busiest_ms=RELAY["busiest"], **CPU_KW, wall_ms=[1.8 + 20.0] * 10, wall_overhead_ms=1.8)
+    lost = reconcile(*args, **kw, waited_ms=[0.3] * 10, wall_steady=[False] * 10)
+    assert not lost.believed and not lost.gross_lie and lost.timing.median_ms == pytest.approx(19.7)
+    # where the waits still read reach the cap, the lost ones would have changed nothing
+    capped = reconcile(*args, **kw, waited_ms=[5.0] * 10, wall_steady=[False] * 10)
+    assert capped.gross_lie
+
+
+def test_waits_during_a_call_sum_the_threads_and_see_a_thread_that_ended():
+    before = {10: (5_000_000, 1_000_000), 11: (2_000_000, 0)}
+    after = {10: (9_000_000, 1_500_000), 11: (6_000_000, 2_000_000), 12: (1_000_000, 300_000)}  # 12 started
+    waited, steady = harness._waits_during(9.0, before, after, own_wait_ns=200_000)
+    assert waited == pytest.approx(0.5 + 2.0 + 0.3 + 0.2) and steady
+    # a thread gone, or CPU time the live threads did not gain (a thread started and ended in the call)
+    assert harness._waits_during(9.0, before, {10: after[10], 12: after[12]}, 0)[1] is False
+    assert harness._waits_during(12.0, before, after, 0)[1] is False
+    # schedstat counting nothing (accounting off), or nothing to read: no bound
+    zeros = {10: (0, 0), 11: (0, 0)}
+    assert harness._waits_during(9.0, zeros, zeros, 0) == (None, False)
+    assert harness._waits_during(9.0, {}, after, 0) == (None, False)
+
+
+def test_schedstat_of_a_live_process_gives_cpu_time_and_waits():
+    stats = harness._thread_schedstat(os.getpid())
+    assert threading.get_native_id() in stats
+    assert all(cpu >= 0 and delay >= 0 for cpu, delay in stats.values())
+    assert harness._own_run_delay_ns() >= 0

@@ -50,6 +50,9 @@ class Baseline(BaseModel):
     timing: Timing
     overhead_ms: float   # median outside-clock cost of a call beyond the work (null) or its claim
     protocol_ms: float | None = None  # median round trip of the untimed request before each call
+    # CPU backend, null model: median wall time of a call as the judge measures it (the protocol's
+    # cost on the wall-clock bound, timing.reconcile). None elsewhere and in caches from before it.
+    wall_overhead_ms: float | None = None
     # On the eager baseline (keyed by task and GPU model, as speed-of-light is): the task's least
     # work and least time on this GPU model. None on other modes and in caches from before it.
     speed_of_light: SpeedOfLight | None = None

@@ -286,7 +286,7 @@ class Judge:
                 # A loaded machine can stretch the judge's clock for a while; a candidate that lies
                 # about its time lies again. One more round of timed calls (fresh inputs, each
                 # output checked) decides, so a burst of load does not fail an honest candidate.
-                session.protocol_ms, session.methods, session.busiest_ms = [], [], []
+                session.forget_timed_calls()
                 inside, outside = self._drive(session, ref, setup, ["timed"] * cfg.n_timed, ev, deadline,
                                               first_index=len(roles))
                 rec = self._reconcile(session, inside, outside, null)
@@ -306,7 +306,9 @@ class Judge:
         return reconcile(inside, outside, null.overhead_ms, rel_slack=rel_slack, abs_slack_ms=abs_slack,
                          cores=self._cores if self.device == "cpu" else 1, source=session.timing_method(),
                          protocol_ms=session.protocol_ms, baseline_protocol_ms=null.protocol_ms,
-                         busiest_ms=session.busiest_ms if self.device == "cpu" else None)
+                         busiest_ms=session.busiest_ms if self.device == "cpu" else None,
+                         wall_ms=session.wall_ms if self.device == "cpu" else None, waited_ms=session.waited_ms,
+                         wall_overhead_ms=null.wall_overhead_ms, wall_steady=session.wall_steady)
 
     def _start(self, task: Task, model_new: str, library: Path | None, setup: Setup, ev: Evaluation,
                deadline: float) -> Session:
@@ -417,10 +419,15 @@ class Judge:
             protocol_ms = (time.perf_counter() - t_ask) * 1e3
             if not ready.get("ok"):
                 ev.reported_error(ready)
-            # The clock starts before the inputs exist anywhere the candidate can read them.
+            # The clock starts before the inputs exist anywhere the candidate can read them. The
+            # bounds reconcile reads for timed calls on the CPU backend: per thread of the candidate
+            # its CPU time and the time it waited for a core, and the judge's own wait. The threads
+            # are read before the process's CPU clock here and after it below, so that the threads'
+            # readings span the process's: only a thread that ended can make the process gain more.
+            bounded = dev == "cpu" and role == "timed"
+            threads_before = _thread_schedstat(proc.pid) if bounded else {}
+            own_wait_before = _own_run_delay_ns() if bounded else 0
             cpu_before = _cpu_ns(proc.pid) if dev == "cpu" else 0
-            busiest = dev == "cpu" and role == "timed"  # the bound reconcile reads for timed calls
-            threads_before = _thread_cpu_ns(proc.pid) if busiest else {}
             t_send = time.perf_counter()
             meta = pack(inputs, session.calls, 0, plane.in_size)
             if session.shared is not None:
@@ -434,10 +441,14 @@ class Judge:
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
-            busiest_ms = None
-            if busiest:
-                after = _thread_cpu_ns(proc.pid)
-                busiest_ms = max((ns - threads_before.get(tid, 0) for tid, ns in after.items()), default=0) / 1e6
+            busiest_ms = waited_ms = None
+            steady = False
+            if bounded:
+                own_wait_ns = _own_run_delay_ns() - own_wait_before
+                after = _thread_schedstat(proc.pid)
+                busiest_ms = max((cpu - threads_before.get(tid, (0, 0))[0] for tid, (cpu, _) in after.items()),
+                                 default=0) / 1e6
+                waited_ms, steady = _waits_during(cpu_ms, threads_before, after, own_wait_ns)
             split["candidate"] += t_reply - t_prepare
             if not reply.get("ok"):
                 ev.reported_error(reply)
@@ -461,6 +472,10 @@ class Judge:
                 session.protocol_ms.append(protocol_ms)
                 if busiest_ms is not None:
                     session.busiest_ms.append(busiest_ms)
+                if bounded:
+                    session.wall_ms.append(wall_ms)
+                    session.waited_ms.append(waited_ms)
+                    session.wall_steady.append(steady)
                 session.methods.append(str(reply.get("timing") or "events")[:16])
             idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
         if judged:
@@ -568,6 +583,8 @@ class Judge:
                            torch_version=torch.__version__, mode=mode, flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
                            n_warmup=cfg.n_warmup)
         known = self.baselines.get(bkey)
+        if known is not None and mode == "null" and self.device == "cpu" and known.wall_overhead_ms is None:
+            known = None  # stored before the wall-clock bound existed: measured again, with it
         if known is not None and mode == "eager" and known.speed_of_light is None:  # cached before it existed
             known = known.model_copy(update={"speed_of_light": task_speed_of_light(task, self.device,
                                                                                  self.device_name)})
@@ -595,8 +612,13 @@ class Judge:
         finally:
             run.close()
         overhead = statistics.median(outside if mode == "null" else [max(o - i, 0.0) for i, o in zip(inside, outside)])
+        # The protocol's cost on the CPU backend's wall-clock bound: the null model's wall time per
+        # call, waits for a core included (taking them off too would read low on a loaded host,
+        # where sleeping threads were charged waits; a high reading only weakens the bound).
         base = _Baseline(timing=summarize(inside, session.timing_method()),
                          overhead_ms=overhead,
+                         wall_overhead_ms=statistics.median(session.wall_ms) if mode == "null" and session.wall_ms
+                         else None,
                          protocol_ms=statistics.median(session.protocol_ms) if session.protocol_ms else None,
                          speed_of_light=task_speed_of_light(task, self.device, self.device_name)
                          if mode == "eager" else None)
@@ -684,14 +706,17 @@ def _cpu_ns(pid: int) -> int:
         return 0
 
 
-def _thread_cpu_ns(pid: int) -> dict[int, int]:
-    """CPU time (ns) of each live thread of the process, from the kernel's schedstat (read here, in
-    the judge). A thread runs on one core at a time, so the CPU time one thread gained during a
-    call is a lower bound of the call's wall time that holds on any number of cores: dividing the
-    process's CPU time by the cores would let a single-threaded candidate claim a fraction of its
-    real time (its own clock can be slowed from native code). Threads that exited during the call
-    are not here; their time still counts in `_cpu_ns`."""
-    out: dict[int, int] = {}
+def _thread_schedstat(pid: int) -> dict[int, tuple[int, int]]:
+    """(CPU time, run delay) in ns of each live thread of the process, the first two fields of the
+    kernel's schedstat (read here, in the judge), in one read per thread.
+
+    A thread runs on one core at a time, so the CPU time one thread gained during a call is a lower
+    bound of the call's wall time that holds on any number of cores: dividing the process's CPU
+    time by the cores would let a single-threaded candidate claim a fraction of its real time (its
+    own clock can be slowed from native code). The run delay is the time the thread was runnable
+    but waited for a core (`_waits_during`). Threads that exited during the call are not here;
+    their CPU time still counts in `_cpu_ns`, their run delay is lost."""
+    out: dict[int, tuple[int, int]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -699,10 +724,57 @@ def _thread_cpu_ns(pid: int) -> dict[int, int]:
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                out[int(tid)] = int(fh.read().split()[0])
+                fields = fh.read().split()
+            out[int(tid)] = (int(fields[0]), int(fields[1]))
         except (OSError, ValueError, IndexError):
             continue
     return out
+
+
+def _own_run_delay_ns() -> int:
+    """The time (ns) the judge's calling thread has waited for a core so far: it reads the reply,
+    so its wait after the candidate answered is part of a call's wall time."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            return int(fh.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _waits_during(cpu_ms: float | None, before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+                  own_wait_ns: int) -> tuple[float | None, bool]:
+    """The time (ms) the candidate's threads and the judge's calling thread waited for a core
+    during a call, summed over the threads, and whether that reading is complete.
+
+    The wall-clock bound (timing.reconcile) takes these waits off a call's wall time: every moment
+    of an honest call's wall time is a thread of its critical path running (the work, the
+    protocol), blocked on another thread of the path (whose time is then the path's) or runnable
+    and waiting for a core, which the kernel adds to that thread's run delay. Summed over every
+    thread, on and off the path, the waits cover what load added to the path. A wait still in
+    progress when read is not counted yet (it is added when the thread gets its core), but the
+    path's waits all ended before the reply was read.
+
+    A thread that exited during the call took its waits with it, so the bound may then be too
+    high for an honest candidate on a loaded host: such a reading is not `steady` (reconcile lets
+    it replace a claim, and call it a lie only where the waits read already reach the cap it puts
+    on them). Skipping it instead would let a candidate opt out of the bound by ending a thread in
+    every call (torch's own OpenMP work between calls ends the spare threads of a larger team). An
+    exit shows as a thread gone, or as CPU time the process gained that its live threads did not
+    (a thread both started and ended in the call: the threads are read around the process's CPU
+    clock, so a live thread's readings span the process's). None where the kernel's schedstat
+    cannot be read or counts nothing (accounting off)."""
+    if not before or not after:
+        return None, False
+    cpu_live_ns = waited_ns = 0
+    for tid, (cpu, delay) in after.items():
+        cpu0, delay0 = before.get(tid, (0, 0))  # a thread started in the call: all of it is the call's
+        cpu_live_ns += max(cpu - cpu0, 0)
+        waited_ns += max(delay - delay0, 0)
+    if cpu_ms is not None and cpu_ms > 0.05 and cpu_live_ns == 0:
+        return None, False
+    steady = before.keys() <= after.keys() and (
+        cpu_ms is None or cpu_ms * 1e6 - cpu_live_ns <= 20_000 + 0.01 * cpu_ms * 1e6)
+    return (waited_ns + max(own_wait_ns, 0)) / 1e6, steady
 
 
 def _num(x) -> float | None:

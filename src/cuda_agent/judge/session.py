@@ -34,11 +34,22 @@ class Session:
         # CPU backend, per timed call: the CPU time of the candidate's busiest thread (ms), a
         # lower bound of the call's wall time that no number of cores divides (timing.reconcile)
         self.busiest_ms: list[float] = []
+        # CPU backend, per timed call: the judge's wall time of the call, the time the candidate's
+        # threads and the judge's waited for a core meanwhile (ms; None where it could not be
+        # read) and whether every thread was still there to be read afterwards (timing.reconcile)
+        self.wall_ms: list[float] = []
+        self.waited_ms: list[float | None] = []
+        self.wall_steady: list[bool] = []
         # Per output: bound on the error against the reference for calls without a float64
         # reference, the largest found on the checked calls (None: the fixed per-dtype bound).
         self.rel_l2_bounds: list | None = None
         self.reduced_isolation: list[str] = []  # what a judge that is not root cannot isolate
         self.trusted = trusted  # the reference or a baseline: no candidate policy applies to what it runs
+
+    def forget_timed_calls(self) -> None:
+        """Drop what the timed calls so far measured, before a second round of them."""
+        self.protocol_ms, self.methods, self.busiest_ms = [], [], []
+        self.wall_ms, self.waited_ms, self.wall_steady = [], [], []
 
     def timing_method(self) -> str:
         """How most of the timed calls were timed, as the candidate process reported it."""

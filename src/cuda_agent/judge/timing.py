@@ -251,10 +251,17 @@ class Reconciled:
         self.timing, self.believed, self.gross_lie, self.note = timing, believed, gross_lie, note
 
 
+# The least waiting for a core the wall-clock bound may take off one call (reconcile caps it at the
+# null model's protocol cost, and at no less than this): about a scheduler slice.
+WAIT_ALLOWANCE_FLOOR_MS = 1.0
+
+
 def reconcile(inside_ms: list[float], outside_ms: list[float], overhead_ms: float, *,
               rel_slack: float, abs_slack_ms: float, cores: int = 1, source: str = "events",
               protocol_ms: list[float] | None = None, baseline_protocol_ms: float | None = None,
-              busiest_ms: list[float] | None = None) -> Reconciled:
+              busiest_ms: list[float] | None = None, wall_ms: list[float] | None = None,
+              waited_ms: list[float | None] | None = None, wall_overhead_ms: float | None = None,
+              wall_steady: list[bool] | None = None) -> Reconciled:
     """Believe the candidate's own times only if the judge's clock agrees.
 
     `outside_ms` are the judge's own measurements of the same calls (wall time on CUDA; on the
@@ -270,9 +277,35 @@ def reconcile(inside_ms: list[float], outside_ms: list[float], overhead_ms: floa
     lower quartile of the calls, not their median. On the CPU backend `busiest_ms` is, per call,
     the CPU time of the candidate's busiest thread: one thread runs on one core at a time, so that
     time (less the same overhead) bounds the call from below whatever `cores` is, and a
-    single-threaded candidate cannot claim less than its own work. The claim is believed when it is not below that
-    bound by more than the slack; otherwise the bound is the runtime. A claim under a third of the
-    bound is a lie, not noise.
+    single-threaded candidate cannot claim less than its own work.
+
+    Both CPU-time bounds divide when serial work is handed from thread to thread in turn: the
+    process then spends the work's duration in CPU time (not the cores' multiple) and no thread
+    more than its share, so a claim from a clock slowed inside the process could be the cores'
+    factor short. Wall time does not divide. `wall_ms` is the judge's wall time of each call and
+    `waited_ms` the time the candidate's threads and the judge's waited for a core meanwhile
+    (the kernel's run delay, summed over the threads; harness `_waits_during`): what load adds
+    to an honest call is threads of its critical path waiting, so the wall time less those waits,
+    less `wall_overhead_ms` (the null model's wall time per call: the protocol's cost, its waits
+    included, so a null measured on a loaded host weakens the bound rather than tightening it) and
+    the same protocol growth, is a third lower bound, only ever max()ed into the others.
+
+    The waits taken off are capped at the null model's protocol cost (at least
+    `WAIT_ALLOWANCE_FLOOR_MS`). A sum over threads counts waits off the critical path too, which
+    a candidate can raise at will: 64 threads woken together cost about 0.3 ms of wall time and
+    add about 10 ms of summed run delay on 2 cores; and on a loaded host the kernel charged run
+    delay to relay threads while they slept between handoffs (Linux 6.18: about all of a relay's
+    wall time, the same as an honest two-thread kernel's). The cap keeps what matters for an
+    honest call: its claim already holds every wait inside its forward, so only the protocol's
+    waits outside it must come off; what load adds to the protocol beyond the cap is left to
+    `protocol_ms` and the slack (on 2 cores: within them with one busy process per core; with two,
+    now and then past them, and the honest time is replaced by the bound). A call whose
+    `wall_steady` is False lost a thread (and its waits) during the call: unless the waits still
+    read reach the cap (where more would change nothing), its wall bound may replace the claim but
+    not make it a lie.
+
+    The claim is believed when it is not below the bound by more than the slack; otherwise the
+    bound is the runtime. A claim under a third of the bound is a lie, not noise.
     """
     inside = statistics.median(inside_ms)
     extra = [0.0] * len(outside_ms)
@@ -282,11 +315,25 @@ def reconcile(inside_ms: list[float], outside_ms: list[float], overhead_ms: floa
     est = [max(o - overhead_ms - x, 0.0) / cores for o, x in zip(outside_ms, extra)]
     if busiest_ms is not None and len(busiest_ms) == len(est):
         est = [max(e, b - overhead_ms - x) for e, b, x in zip(est, busiest_ms, extra)]
-    ordered = sorted(est)
-    outside = ordered[(len(ordered) - 1) // 4] if ordered else 0.0
+    sure = est  # the bounds that may call a claim a lie
+    if wall_ms is not None and waited_ms is not None and wall_overhead_ms is not None \
+            and len(wall_ms) == len(waited_ms) == len(est):
+        allowance = max(wall_overhead_ms, WAIT_ALLOWANCE_FLOOR_MS)
+        steady = wall_steady if wall_steady is not None and len(wall_steady) == len(est) else [True] * len(est)
+        walled = [e if r is None else max(e, w - min(max(r, 0.0), allowance) - wall_overhead_ms - x)
+                  for e, w, r, x in zip(est, wall_ms, waited_ms, extra)]
+        sure = [w if s or (r is not None and r >= allowance) else e
+                for e, w, s, r in zip(est, walled, steady, waited_ms)]
+        est = walled
+
+    def lower_quartile(xs: list[float]) -> float:
+        ordered = sorted(xs)
+        return ordered[(len(ordered) - 1) // 4] if ordered else 0.0
+
+    outside = lower_quartile(est)
     if outside <= inside * (1 + rel_slack) + abs_slack_ms:
         return Reconciled(summarize(inside_ms, source), True, False, "")
-    gross = outside > 3 * inside + 4 * abs_slack_ms
+    gross = lower_quartile(sure) > 3 * inside + 4 * abs_slack_ms
     note = (f"claimed {inside:.4f} ms per call but the judge's clock measured at least {outside:.4f} ms "
             f"(after {overhead_ms:.4f} ms of protocol cost): using the judge's clock")
     return Reconciled(summarize([max(e, 1e-6) for e in est], "outside"), False, gross, note)
