@@ -115,3 +115,16 @@ def test_a_reference_noisier_than_the_ceiling_is_refused_as_a_task(cache_dir):
         v = j.check_reference(task)
     assert not v.correct and v.failure is not None and v.failure.category == FailureCategory.MISMATCH, v.failure
     assert "float64 reference" in v.failure.message and "own error" in v.failure.message, v.failure.message
+
+
+def test_a_reference_that_is_rounding_noise_is_judged_elementwise_and_flagged_as_a_task(cache_dir):
+    # the mean over each row of a normalised tensor is exactly zero: float32 gives rounding noise
+    # that float64 does not share. Judged as KernelBench would (elementwise), said so in the notes,
+    # and the task is flagged for task sets (an all-zero output passes it).
+    task = _task("y = (x - x.mean(dim=1, keepdim=True)) / x.std(dim=1, keepdim=True)\nreturn y.mean(dim=1)")
+    with Judge(_config(cache_dir)) as j:
+        v = j.check_reference(task)
+    assert v.correct, v.failure
+    assert any("rounding noise" in n for n in v.notes), v.notes
+    assert v.ref_noise_rel_l2 is None or v.ref_noise_rel_l2 >= 1.0
+    assert any("all-zero output passes" in w for w in v.task_warnings), v.task_warnings

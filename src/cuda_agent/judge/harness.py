@@ -47,7 +47,7 @@ from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, Basel
 from .build import Builder, build_arch
 from .buildplan import BuildOutcome, BuildPlan
 from .builds import CandidateBuilds
-from .compare import changed_input, compare_outputs, degenerate_warnings
+from .compare import NOISE_DOMINATED, changed_input, compare_outputs, degenerate_warnings
 from .sol import task_speed_of_light
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
@@ -537,6 +537,13 @@ class Judge:
             if cmp.rel_l2_bound is not None:
                 v.rel_l2_bound = min(v.rel_l2_bound, cmp.rel_l2_bound) if v.rel_l2_bound is not None \
                     else cmp.rel_l2_bound
+            if cmp.noise_dominated:
+                outs = ", ".join(map(str, cmp.noise_dominated))
+                note = (f"output(s) {outs}: the reference's values are rounding noise (its own error against "
+                        f"float64 is {NOISE_DOMINATED:.0%} or more of the output), so no relative L2 bound "
+                        f"applies; the elementwise tolerance alone decides")
+                if note not in v.notes:
+                    v.notes.append(note)
         if cmp.ok and len(expected) == 1 and isinstance(expected[0], torch.Tensor) \
                 and reply.get("structure") != "tensor":
             cmp = type(cmp)(False, f"output is a {reply.get('structure')}, expected a single tensor")
