@@ -143,3 +143,16 @@ def judge_cache_dir(tmp_path_factory: pytest.TempPathFactory, name: str):
         Path(shared).mkdir(parents=True, exist_ok=True)
         return Path(shared)
     return tmp_path_factory.mktemp(name)
+
+
+def read_header(path: Path) -> dict[str, str]:
+    """The `# key: value` lines that open a fixture (a file, or a workspace folder's model_new.py)."""
+    source = path / "model_new.py" if path.is_dir() else path
+    header: dict[str, str] = {}
+    for line in source.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        key, sep, value = line[1:].partition(":")
+        if sep:
+            header[key.strip()] = value.strip()
+    return header

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import judge_cache_dir
+from conftest import judge_cache_dir, read_header
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import FailureCategory, Judge, JudgeConfig
 from cuda_agent.tasks import load_task_file
@@ -42,18 +42,6 @@ MARKER = "CANDIDATE_WAS_HERE"
 
 
 # ------------------------------------------------------------------------------------ discovery
-def read_header(path: Path) -> dict[str, str]:
-    source = path / "model_new.py" if path.is_dir() else path
-    header: dict[str, str] = {}
-    for line in source.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        key, sep, value = line[1:].partition(":")
-        if sep:
-            header[key.strip()] = value.strip()
-    return header
-
-
 def discover(device: str) -> list[Path]:
     found = []
     for group in GROUPS:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch.utils.cpp_extension as cpp_extension
 
-from conftest import judge_cache_dir
+from conftest import judge_cache_dir, read_header
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Judge, JudgeConfig, Verdict
 from cuda_agent.judge import harness
@@ -50,18 +50,6 @@ def run_and_capture(source: str, monkeypatch) -> list[dict]:
     except _Captured:
         pass
     return calls
-
-
-def header(path: Path) -> dict[str, str]:
-    source = path / "model_new.py" if path.is_dir() else path
-    out = {}
-    for line in source.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        key, sep, value = line[1:].partition(":")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
 
 
 def _served_specs(judge: Judge, request: dict, monkeypatch) -> tuple[list, dict]:
@@ -101,7 +89,7 @@ INLINE_FILES += [(dev, path) for dev in ("cpu", "cuda") for path in sorted((FIXT
                          ids=[f"{d}-{p.parent.name}-{p.stem}" for d, p in INLINE_FILES])
 def test_static_specs_are_what_the_judge_serves(device, path, cpu_judges, monkeypatch):
     cand = Candidate.from_path(path)
-    policy = header(path).get("policy", "strict")
+    policy = read_header(path).get("policy", "strict")
     plan = plan_build(cand, device, policy)
     requests = run_and_capture(cand.model_new, monkeypatch)
     assert requests, "the module builds an extension with load_inline"
@@ -130,7 +118,7 @@ def test_evaluate_builds_the_plans_workspace_spec(path, cpu_judges, monkeypatch)
     """The build step `Judge.evaluate` takes, recorded instead of compiled, against the plan a
     compile worker makes: the same spec, slot and cache key, or the same refusal."""
     cand = Candidate.from_path(path)
-    policy = header(path).get("policy", "strict")
+    policy = read_header(path).get("policy", "strict")
     judge = cpu_judges[policy]
     plan = plan_build(cand, "cpu", policy)
     built = []
@@ -145,7 +133,7 @@ def test_evaluate_builds_the_plans_workspace_spec(path, cpu_judges, monkeypatch)
         assert built == [] and refused is not None
         assert refused.message == (plan.load_error or plan.violations[0])
         assert v.policy_violations == plan.violations
-        assert refused.category.value in header(path).get("failure", refused.category.value)
+        assert refused.category.value in read_header(path).get("failure", refused.category.value)
     else:
         assert refused is None and built == plan.specs and built[0].slot == f"ws:{path}"
         assert [s.key(judge.builder.fingerprint) for s in built] == \
@@ -161,7 +149,7 @@ ALL_FIXTURES = [p for dev in ("cpu", "cuda") for group in ("hacks", "faults")
 def test_a_plan_refuses_only_what_the_fixture_expects_to_fail_so(path):
     """The plan's static refusals are the judge's: a fixture it refuses must expect to fail with
     that category (the adversarial suite checks the full verdicts)."""
-    h = header(path)
+    h = read_header(path)
     plan = plan_build(Candidate.from_path(path), path.relative_to(FIXTURES).parts[0], h.get("policy", "strict"))
     if plan.refused:
         assert h["expect"] == "fail"
@@ -238,7 +226,7 @@ def test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(tmp_path):
         assert outcome.keys == [s.key(judge.builder.fingerprint) for s in judge.build_plan(cand).specs]
         again = judge.build(cand)
         assert again.cached and again.keys == outcome.keys
-        verdict = judge.evaluate(load_task_file(FIXTURES / "tasks" / header(silu)["task"]), cand)
+        verdict = judge.evaluate(load_task_file(FIXTURES / "tasks" / read_header(silu)["task"]), cand)
         assert verdict.correct and verdict.build_cached is True, verdict.failure
 
         refused = judge.build(Candidate.from_path(FIXTURES / "cpu" / "hacks" / "fallback_cpp_aten_qualified_ws"))
