@@ -69,6 +69,13 @@ class JudgeConfig(BaseModel):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "none"] = Field(
         "default", description="torch.compile mode of the compiled baseline; 'none' skips it")
     flush_l2: bool = Field(True, description="overwrite the cache between calls so every call starts cold")
+    gate_release: Literal["process", "judge"] = Field(
+        "process", description="CUDA, GPU region: who opens a timed call's gate. 'process': the candidate's "
+                               "process, once forward has enqueued its work; the judge's clock then spans the "
+                               "enqueueing too. 'judge': the judge writes the call's inputs and opens the gate "
+                               "when the process says forward has enqueued, so its clock of the call starts "
+                               "where the GPU's work can start (launch-bound forwards and a loaded host no "
+                               "longer stretch it)")
     timing_rel_slack: float | None = Field(
         None, description="outside clock may exceed the claimed time by this fraction "
                           "(default 0.25; on cpu the outside clock is CPU time)")

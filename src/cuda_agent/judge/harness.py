@@ -59,7 +59,7 @@ from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
 from .supply import WorkerSupply
 from .tensorio import TransportError, pack, packed_end, snapshot, unpack
-from .timing import reconcile, summarize
+from .timing import RELEASE_WAIT_S, reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
 from .verdict_cache import VerdictCache
 
@@ -81,6 +81,23 @@ _HARNESS_VERSION = 8  # bump when the call protocol changes: cached baselines de
 def _scratch_verdict(task: Task) -> Verdict:
     """The verdict a baseline run fills in: never returned, only its notes and violations are read."""
     return Verdict(task_id=task.id, task_name=task.name, candidate_hash="baseline", device="")
+
+
+def release_call(session: Session, inputs: list, token: int, until: float, what: str):
+    """Open a call's gate as the judge (JudgeConfig.gate_release="judge"): wait for the process
+    to say that forward has enqueued its work (RELEASE_WAIT_S at most: a forward that waits on
+    the host behind the gate gets its release then), write the call's inputs, then the token the
+    gate waits for. Returns the moment of the release and, if the process answered with anything
+    but `enqueued` (a failed forward), that answer."""
+    first = session.recv(min(until, time.monotonic() + RELEASE_WAIT_S), what, or_none=True)
+    pack(inputs, session.calls, 0, session.plane.in_size)
+    if session.shared is not None:
+        torch.cuda.synchronize()  # the inputs are in place before the gate opens
+    t_release = time.perf_counter()
+    session.plane.release(token)
+    if first is None:
+        first = session.recv(until, what)
+    return t_release, (None if first.get("op") == "enqueued" and first.get("ok") else first)
 
 
 class Judge:
@@ -275,6 +292,12 @@ class Judge:
             if session.ready.get("timing_gate") and self.device == "cuda":
                 v.notes.append(f"calls timed without the timing gate (launch gaps included): "
                                f"{str(session.ready['timing_gate'])[:200]}")
+            if session.judge_release:
+                v.notes.append("the judge opened each call's gate: its own clock of a call starts when it "
+                               "writes the inputs, after forward has enqueued its work")
+            elif self.device == "cuda" and cfg.gate_release == "judge":
+                v.notes.append("gate_release=judge not possible here (no shared GPU region or no control "
+                               "page): the process opened each call's gate")
             if session.ready.get("unmatched"):
                 v.notes.append(f"parameters not copied from Model (different name or shape): "
                                f"{', '.join(session.ready['unmatched'][:8])}")
@@ -354,6 +377,9 @@ class Judge:
                 require=proc.required_isolation())
             chan.send(dict(init))
             session.ready = self._serve_init(session, ev, min(deadline, time.monotonic() + cfg.init_timeout_s))
+            session.judge_release = (cfg.gate_release == "judge" and shared is not None
+                                     and session.ready.get("gpu_plane") is True
+                                     and session.ready.get("judge_release") is True)
             if shared is not None and session.ready.get("gpu_plane") is not True:
                 # The process could not map the GPU region: calls go through the host plane.
                 ev.note_gpu_plane_problem(str(session.ready.get("gpu_plane_error"))[:300])
@@ -428,16 +454,25 @@ class Judge:
             threads_before = _thread_schedstat(proc.pid) if bounded else {}
             own_wait_before = _own_run_delay_ns() if bounded else 0
             cpu_before = _cpu_ns(proc.pid) if dev == "cpu" else 0
+            release = i + 1 if session.judge_release else None
             t_send = time.perf_counter()
-            meta = pack(inputs, session.calls, 0, plane.in_size)
-            if session.shared is not None:
-                torch.cuda.synchronize()  # the inputs are in place before the process hears of them
+            if release is None:
+                meta = pack(inputs, session.calls, 0, plane.in_size)
+                if session.shared is not None:
+                    torch.cuda.synchronize()  # the inputs are in place before the process hears of them
+            else:
+                meta = pack(inputs, None, 0, plane.in_size)  # the layout now, the bytes at the release
             # The kernels a call launches are listed on the checked calls: CUDA's activity tracing adds
             # ~20 us of GPU time per kernel on an H200, which would be timed with the kernel. The
             # operators it runs are observed on every call (observer.cpp), at no such cost.
-            chan.send({"op": "call", "index": i, "inputs": meta, "kernels": role == "check"})
+            chan.send({"op": "call", "index": i, "inputs": meta, "kernels": role == "check", "release": release})
             limit_s = cfg.build_timeout_s if i - first_index < compiling_calls else cfg.call_timeout_s
-            reply: CallReply = session.recv(min(deadline, time.monotonic() + limit_s), f"call {i}")
+            until = min(deadline, time.monotonic() + limit_s)
+            answered = None
+            if release is not None:
+                # the judge's clock of the call starts at its release (timing.py)
+                t_send, answered = release_call(session, inputs, release, until, f"call {i}")
+            reply: CallReply = answered if answered is not None else session.recv(until, f"call {i}")
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
@@ -586,8 +621,10 @@ class Judge:
         outputs of the right shape without computing: the cost of the protocol itself). Known
         baselines come from `self.baselines`; a measured one is a run of its own, for `ev`."""
         cfg = self.config
+        # The protocol's cost on the judge's clock depends on who opens the gate: its own key.
+        keyed = f"{mode}+judge-release" if self.device == "cuda" and cfg.gate_release == "judge" else mode
         bkey = BaselineKey(harness_version=_HARNESS_VERSION, task_id=task.id, device_name=self.device_name,
-                           torch_version=torch.__version__, mode=mode, flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
+                           torch_version=torch.__version__, mode=keyed, flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
                            n_warmup=cfg.n_warmup)
         known = self.baselines.get(bkey)
         if known is not None and mode == "null" and self.device == "cpu" and known.wall_overhead_ms is None:

@@ -69,12 +69,14 @@ class InitRequest(TypedDict):
 
 
 class CallRequest(TypedDict):
-    """Judge -> worker: run forward on the inputs now in the data plane."""
+    """Judge -> worker: run forward on the inputs now in the data plane (with `release`: on the
+    inputs the judge writes there once the worker has said `enqueued`)."""
 
     op: Literal["call"]
     index: int
     inputs: list
     kernels: bool                  # list the CUDA kernels launched (checked calls only)
+    release: int | None            # the judge writes the inputs and this token at its release (timing.py)
 
 
 class OpRequest(TypedDict):
@@ -127,6 +129,16 @@ class Ready(TypedDict, total=False):
     gpu_plane_error: str | None
     audit_hook: bool               # the worker's audit hook is installed
     timing_gate: str | None        # why calls are timed without the gate, if they are
+    judge_release: bool            # its gate polls the control page: the judge can open it
+
+
+class Enqueued(TypedDict, total=False):
+    """Worker -> judge, on a call the judge releases: forward has enqueued its work behind the gate
+    (or, with no gate, is about to wait for the release before it starts)."""
+
+    ok: Required[Literal[True]]
+    op: Required[Literal["enqueued"]]
+    early: bool                    # the judge had opened the gate before forward returned
 
 
 class CallReply(TypedDict, total=False):
@@ -224,9 +236,13 @@ class Channel:
             pass
 
 
+CONTROL_BYTES = 4096  # the plane's last page: the judge's release word for the timing gate (timing.py)
+
+
 @dataclass
 class DataPlane:
-    """A shared byte region (memfd) with an input half and an output half."""
+    """A shared byte region (memfd): an input half, an output half and, in its last page, the
+    control word through which the judge itself releases a gated call (timing.py)."""
 
     fd: int
     size: int
@@ -238,8 +254,8 @@ class DataPlane:
         in_size = _round(max(in_size, 4096))
         out_size = _round(max(out_size, 4096))
         fd = os.memfd_create("cuda-agent-data", 0)
-        os.ftruncate(fd, in_size + out_size)
-        plane = cls(fd=fd, size=in_size + out_size, in_size=in_size)
+        os.ftruncate(fd, in_size + out_size + CONTROL_BYTES)
+        plane = cls(fd=fd, size=in_size + out_size + CONTROL_BYTES, in_size=in_size)
         plane.map()
         return plane
 
@@ -263,7 +279,21 @@ class DataPlane:
 
     @property
     def out_size(self) -> int:
-        return self.size - self.in_size
+        return self.size - self.in_size - CONTROL_BYTES
+
+    @property
+    def control_offset(self) -> int:
+        return self.size - CONTROL_BYTES
+
+    def control_address(self) -> int:
+        """Where the control page is mapped in this process (page-aligned)."""
+        import ctypes
+
+        return ctypes.addressof(ctypes.c_char.from_buffer(self.mm, self.control_offset))
+
+    def release(self, token: int) -> None:
+        """The judge's release of a gated call: the gate kernel waits for this word to equal `token`."""
+        self.view[self.control_offset: self.control_offset + 4] = int(token).to_bytes(4, "little", signed=True)
 
     def close(self) -> None:
         if self.pinned_ptr is not None:

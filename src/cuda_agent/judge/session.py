@@ -26,6 +26,7 @@ class Session:
         self.proc, self.chan, self.plane, self.shared = proc, chan, plane, shared
         self.memory_limit_mb, self.disk_limit_mb = memory_limit_mb, disk_limit_mb
         self.ready: Ready | dict = {}
+        self.judge_release = False  # the judge writes each call's inputs and opens its gate (timing.py)
         # per timed call, aligned with the times `_drive` returns: the round trip of the untimed
         # request just before it (the protocol's cost under the load of that moment) and how the
         # candidate process says it timed the call
@@ -61,13 +62,16 @@ class Session:
         """The region per-call inputs and outputs go through: shared GPU memory, else the host plane."""
         return self.shared.tensor if self.shared is not None else self.plane.view
 
-    def recv(self, deadline: float, what: str) -> dict:
+    def recv(self, deadline: float, what: str, *, or_none: bool = False) -> dict | None:
         """The worker's next message, waiting until `deadline` while watching the process's health,
-        memory and disk; `what` names the step in the failure."""
+        memory and disk; `what` names the step in the failure. `or_none`: None at the deadline
+        instead of a timeout failure."""
         chan, proc = self.chan, self.proc
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if or_none:
+                    return None
                 raise Stop(FC.TIMEOUT, f"{what} did not finish within its time limit")
             try:
                 return chan.recv(timeout=min(remaining, 0.25))

@@ -43,6 +43,7 @@ def pack(values, view: Region, base: int, limit: int) -> list[dict]:
     tuples and dicts of them, nested up to MAX_DEPTH (dict keys are scalars).
 
     Returns metadata (plain JSON-like data); tensors are written contiguous, 64-byte aligned.
+    `view` None: the metadata only, nothing written (the same layout a later write will have).
     """
     state = {"offset": base, "records": 0}
     return [_pack_one(v, view, base, limit, state, 0) for v in values]
@@ -54,7 +55,7 @@ def _pack_one(value, view: Region, base: int, limit: int, state: dict, depth: in
         raise TransportError(f"more than {MAX_RECORDS} values to carry")
     if isinstance(value, torch.Tensor):
         t = value.detach()
-        if t.device.type != "cpu" and not isinstance(view, torch.Tensor):
+        if t.device.type != "cpu" and view is not None and not isinstance(view, torch.Tensor):
             t = t.cpu()
         t = t.contiguous()
         nbytes = t.numel() * t.element_size()
@@ -63,7 +64,7 @@ def _pack_one(value, view: Region, base: int, limit: int, state: dict, depth: in
             raise TransportError(f"values exceed the {limit >> 20} MiB transport limit")
         if nbytes and isinstance(view, torch.Tensor):
             view[offset: offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
-        elif nbytes:
+        elif nbytes and view is not None:
             view[offset: offset + nbytes] = memoryview(t.reshape(-1).view(torch.uint8).numpy())
         state["offset"] = offset + nbytes
         return {"t": "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape), "offset": offset,

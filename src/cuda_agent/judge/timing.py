@@ -11,7 +11,15 @@ the time runs to the device's idle point instead. On the CPU, `perf_counter` aro
 
 A forward that synchronizes with the host inside the call (`.item()`, `cudaDeviceSynchronize`)
 would wait for the gate; the gate's timeout releases it, and the process times its later calls
-without the gate. The judge also holds an outside clock (its own wall clock around each request
+without the gate.
+
+Who opens the gate (JudgeConfig.gate_release): the process, right after forward returns; or the
+judge, which then also writes the call's inputs only at that moment (the process says when forward
+has enqueued its work). With the judge's release, no work on the inputs can start before the
+judge's clock does, and the judge's clock of the call leaves out the host's enqueueing exactly as
+the gated time does: a launch-bound forward, or one whose enqueueing a loaded host slows, is no
+longer mistaken for a lie. The process cannot open that gate early to any purpose: the inputs are
+not there before the judge's release. The judge also holds an outside clock (its own wall clock around each request
 to the candidate process); `reconcile` decides whether the candidate's own claim is believed.
 """
 
@@ -27,11 +35,11 @@ from .verdict import Timing
 # The gate: thread 0 of each block polls a flag in pinned host memory (sparingly: the poll crosses
 # PCIe), every other thread holds its slot at the barrier, so no other kernel can start on the SM.
 _GATE_SOURCE = r"""
-extern "C" __global__ void cuda_agent_gate(volatile int* flag, int* timed_out, int timeout_us) {
+extern "C" __global__ void cuda_agent_gate(volatile int* flag, int* timed_out, int timeout_us, int token) {
     if (threadIdx.x == 0) {
         unsigned long long t0, t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        while (*flag == 0) {
+        while (*flag != token) {
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
             if (t - t0 > (unsigned long long)timeout_us * 1000ull) { *timed_out = 1; break; }
             __nanosleep(4000);
@@ -41,6 +49,10 @@ extern "C" __global__ void cuda_agent_gate(volatile int* flag, int* timed_out, i
 }
 """
 GATE_TIMEOUT_US = 50_000   # longer than any honest forward takes to enqueue; a host sync costs this once
+# With the judge's release the judge opens the gate (after RELEASE_WAIT_S at the latest, harness.py);
+# the gate's own timeout is then only a backstop against a judge that never does.
+JUDGE_GATE_TIMEOUT_US = 10_000_000
+RELEASE_WAIT_S = 0.2
 _gate_kernel = None
 _gate_error: str | None = None
 
@@ -61,9 +73,11 @@ class _Gate:
     """Holds the calling stream (and every SM) until `release`.
 
     Everything the launch needs (the driver's entry point, the argument block) is resolved here,
-    before the sandbox is installed: the sandbox refuses loading libraries and resolving symbols."""
+    before the sandbox is installed: the sandbox refuses loading libraries and resolving symbols.
+    `control_address`: the data plane's control page in this process (page-aligned, shared with the
+    judge); it is page-locked here so that the gate can poll the judge's release word there."""
 
-    def __init__(self):
+    def __init__(self, control_address: int | None = None):
         import ctypes
 
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -76,21 +90,57 @@ class _Gate:
         self.flag, self.timed_out = (t.numpy() for t in self._pinned)
         utils = torch.cuda._utils
         driver = getattr(utils, "_get_gpu_runtime_library", None) or getattr(utils, "_get_cuda_library")
-        self._launch = driver().cuLaunchKernel
-        self._values = (ctypes.c_void_p(self._pinned[0].data_ptr()), ctypes.c_void_p(self._pinned[1].data_ptr()),
-                        ctypes.c_int(GATE_TIMEOUT_US))
-        self._args = (ctypes.c_void_p * 3)(*(ctypes.addressof(v) for v in self._values))
-        self._c_void_p = ctypes.c_void_p
+        lib = driver()
+        self._launch = lib.cuLaunchKernel
+        self._own_flag = ctypes.c_void_p(self._pinned[0].data_ptr())
+        self._control_flag: ctypes.c_void_p | None = None
+        self.control = None  # the judge's release word, as this process reads it
+        self.control_problem: str | None = None  # why the judge cannot release this gate, with a control page
+        if control_address is not None:
+            import numpy as np
 
-    def hold(self) -> None:
+            from .protocol import CONTROL_BYTES
+
+            # Without it the gate still works, released by the process (the judge then does not ask).
+            err = torch.cuda.cudart().cudaHostRegister(control_address, CONTROL_BYTES, 0)
+            dptr = ctypes.c_uint64(0)
+            if err == 0:
+                err = lib.cuMemHostGetDevicePointer_v2(ctypes.byref(dptr), ctypes.c_void_p(control_address), 0)
+            if err != 0:
+                self.control_problem = f"the control page could not be mapped for the GPU (CUDA error {err})"
+            else:
+                self._control_flag = ctypes.c_void_p(dptr.value)
+                self.control = np.frombuffer((ctypes.c_int32 * 1).from_address(control_address), dtype=np.int32)
+        self._values = [self._own_flag, ctypes.c_void_p(self._pinned[1].data_ptr()), ctypes.c_int(GATE_TIMEOUT_US),
+                        ctypes.c_int(1)]
+        self._args = (ctypes.c_void_p * 4)(*(ctypes.addressof(v) for v in self._values))
+        self._c_void_p = ctypes.c_void_p
+        self.token: int | None = None  # the judge's release token of the call held now
+
+    def hold(self, token: int | None = None) -> None:
+        """Hold the stream until `release` (token None) or until the judge writes `token`."""
+        if token is not None and self._control_flag is None:
+            raise RuntimeError("no control page: the judge cannot release this gate")
+        self.token = token
         self.flag[0] = 0
+        if token is None:
+            self._values[0].value, self._values[2].value, self._values[3].value = \
+                self._own_flag.value, GATE_TIMEOUT_US, 1
+        else:
+            self._values[0].value, self._values[2].value, self._values[3].value = \
+                self._control_flag.value, JUDGE_GATE_TIMEOUT_US, int(token)
         stream = self._c_void_p(torch.cuda.current_stream().cuda_stream)
         err = self._launch(_gate_kernel.func, self.blocks, 1, 1, 1024, 1, 1, 0, stream, self._args, None)
         if err != 0:
             raise RuntimeError(f"the timing gate did not launch (CUDA driver error {err})")
 
+    def released(self) -> bool:
+        """Whether the judge has already written this call's token."""
+        return self.token is not None and int(self.control[0]) == self.token
+
     def release(self) -> None:
-        self.flag[0] = 1
+        if self.token is None:
+            self.flag[0] = 1
 
 
 class CallTimer:
@@ -104,11 +154,13 @@ class CallTimer:
     _SIDE_SLACK_MS = 0.01
     _REACTION_CAP_MS = 0.05
 
-    def __init__(self, device: str, gate: bool = True):
+    def __init__(self, device: str, gate: bool = True, control_address: int | None = None):
         self.device = device
         self.method = "cpu"
         self.gate: _Gate | None = None
         self.gate_problem: str | None = None
+        self.control = None  # the judge's release word (a one-element int32 view), with a control page
+        self._early = False  # the judge opened this call's gate before forward had enqueued its work
         self._timeouts = 0  # consecutive calls whose forward waited for the host behind the gate
         self._reaction_ms = 0.0  # from the end of the device's work to the idle marker, with no work at all
         if device == "cuda":
@@ -121,7 +173,8 @@ class CallTimer:
                 self.gate_problem = prepare_gate()
                 if self.gate_problem is None:
                     try:
-                        gate = _Gate()
+                        gate = _Gate(control_address)
+                        self.control = gate.control
                         gate.hold()  # once through, before any candidate code can interfere
                         gate.release()
                         torch.cuda.synchronize()
@@ -145,17 +198,39 @@ class CallTimer:
             lags.append(self._last_lag_ms)
         return sorted(lags)[len(lags) // 2]
 
-    def start(self) -> None:
+    def can_hold(self) -> bool:
+        """Whether the next call can be held behind a gate the judge releases."""
+        return self.gate is not None and self.control is not None
+
+    def wait_release(self, token: int, timeout_s: float = JUDGE_GATE_TIMEOUT_US / 1e6) -> None:
+        """Without a gate: wait on the host for the judge's release (the inputs are there after it)."""
+        import time
+
+        if self.control is None:
+            return
+        end = _perf_counter() + timeout_s
+        while int(self.control[0]) != token and _perf_counter() < end:
+            time.sleep(20e-6)
+
+    def start(self, token: int | None = None) -> None:
+        """Start timing a call; with `token`, behind a gate that the judge opens (`can_hold`)."""
+        self._early = False
         if self.device == "cuda":
             torch.cuda.synchronize()
             if self.gate is not None:
                 try:
-                    self.gate.hold()
+                    self.gate.hold(token)
                 except Exception as exc:  # time this call and the next without it
                     self.gate, self.gate_problem = None, f"{type(exc).__name__}: {exc}"[:300]
             self._start.record()
         else:
             self._t0 = _perf_counter()
+
+    def enqueued(self) -> bool:
+        """Forward returned (the judge's release): whether the judge had opened the gate already,
+        i.e. forward waited on the host behind the gate until the judge's patience ran out."""
+        self._early = self.gate is not None and self.gate.released()
+        return self._early
 
     def stop(self) -> float:
         """Milliseconds since `start`, after all queued device work finished."""
@@ -169,17 +244,18 @@ class CallTimer:
             self.method = "events"
             return float(self._start.elapsed_time(self._end))
         self._end.record()
-        gate.release()
+        gate.release()  # a no-op where the judge releases it
         torch.cuda.synchronize()
         self._idle.record()
         self._idle.synchronize()
-        timed_out = bool(int(gate.timed_out[0]))
+        timed_out = bool(int(gate.timed_out[0])) or self._early
+        gate.timed_out[0] = 0
         if timed_out:
             # The call waited for the host inside forward (a first call's allocations do: the
             # allocator asks the driver for memory), so the gate only delayed it. Its time is the
             # ungated one (the start marker ran when the gate gave up); a forward that does so on
-            # every call is timed without the gate from the third on.
-            gate.timed_out[0] = 0
+            # every call is timed without the gate from the third on. (With the judge's release: the
+            # judge opened the gate before forward returned, after RELEASE_WAIT_S.)
             self._timeouts += 1
             if self._timeouts >= 3:
                 self.gate = None

@@ -310,7 +310,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if not init.get("trusted") and init.get("policy", "strict") == "strict":
             sealed.update(obs.bridge_numpy(torch, lambda: observer.mark(obs.NUMPY_MARK)))
         flusher = CacheFlusher(device, init.get("flush", True))
-        timer = CallTimer(device)
+        # The gate's release word lives in the data plane's control page, which the judge writes:
+        # with the GPU region, the judge reveals a call's inputs and opens its gate itself.
+        timer = CallTimer(device, control_address=plane.control_address() if shared is not None else None)
         if init.get("reference_path"):
             sys.modules["model"] = load_module("model", init["reference_path"])
         # the same numerics as the judge's references: no TF32 (trusted baselines time fp32 work)
@@ -383,7 +385,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         return 1
     chan.send({"ok": True, "matched": matched, "unmatched": unmatched[:50], "blocked": blocked[:20],
                "gpu_plane": shared is not None, "gpu_plane_error": shared_error, "audit_hook": audit_hook,
-               "timing_gate": timer.gate_problem})
+               "timing_gate": timer.gate_problem, "judge_release": timer.can_hold()})
 
     poison_bytes = int(init.get("poison_bytes", 0))
     inputs: list = []
@@ -423,9 +425,28 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 prof = profile(activities=[ProfilerActivity.CUDA])
                 prof.__enter__()
             observer.take(token)  # what the judge's own unpacking ran
+            # `release`: the judge writes this call's inputs and opens its gate only once forward
+            # has enqueued its work ("enqueued"), so its own clock of the call starts there and
+            # excludes the host's enqueueing, as the gated time does. Without a gate to hold the
+            # work, the process waits for the release before it runs forward at all.
+            release = msg.get("release") if device == "cuda" else None
+            release = int(release) if isinstance(release, int) and not isinstance(release, bool) else None
+            told = False
+            if release is not None and not timer.can_hold():
+                chan.send({"ok": True, "op": "enqueued", "early": False})
+                timer.wait_release(release)
+                told = True
             with torch.no_grad():
-                timer.start()
+                timer.start(release if not told else None)
+                if release is not None and not told and not timer.can_hold():
+                    # the gate failed to launch: the inputs come with the release, so wait for it
+                    chan.send({"ok": True, "op": "enqueued", "early": False})
+                    timer.wait_release(release)
+                    told = True
+                    timer.start()
                 out = model(*inputs)
+                if release is not None and not told:
+                    chan.send({"ok": True, "op": "enqueued", "early": timer.enqueued()})
                 inside_ms = timer.stop()
             observer.sentinel()
             ops = observer.take(token)
