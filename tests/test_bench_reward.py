@@ -98,3 +98,12 @@ def test_a_run_stored_with_the_reward_among_the_judge_settings_resumes(tmp_path,
     assert result.judged_now == 2
     with ResultsDB(tmp_path / "r.sqlite") as db:
         assert db.run("r").settings_digest == settings_digest(config)
+
+
+def test_a_setting_added_later_leaves_the_digest_of_earlier_runs_at_its_old_behaviour(setup):
+    """`gate_release` came after runs were stored: at "process" (the earlier behaviour) a stored
+    config without it has the same digest, so those runs resume; at another value it differs."""
+    config = setup
+    stored = {k: v for k, v in config.model_dump(mode="json").items() if k != "gate_release"}
+    assert settings_digest(stored) == settings_digest(config)
+    assert settings_digest(config.model_copy(update={"gate_release": "judge"})) != settings_digest(config)

@@ -46,6 +46,9 @@ class BenchUsageError(ValueError):
 
 # Fields that do not change what a verdict means: where files go and which uid sandboxes use.
 _UNSCORED_FIELDS = {"cache_dir", "sandbox_uid", "use_zygote"}
+# Settings added after runs were stored, with the value that keeps the judge's earlier behaviour:
+# at that value they leave the digest as it was, so those runs still resume.
+_LATER_DEFAULTS = {"gate_release": "process"}
 
 
 class BenchItem(BaseModel):
@@ -150,7 +153,8 @@ def settings_digest(config: JudgeConfig | dict) -> str:
     a config as a run stored it (`info["config"]`); its `reward` table, where a run made before the
     reward left the judge has one, is left out like the fields that do not change a verdict."""
     values = config.model_dump(mode="json") if isinstance(config, JudgeConfig) else dict(config)
-    values = {k: v for k, v in values.items() if k not in _UNSCORED_FIELDS and k != "reward"}
+    values = {k: v for k, v in values.items() if k not in _UNSCORED_FIELDS and k != "reward"
+              and not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
     text = json.dumps(values, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
