@@ -283,9 +283,15 @@ def test_cpu_fixture(path: Path, judges, listener) -> None:
     run_fixture(path, "cpu", judges, listener)
 
 
+def _cuda_params(paths: list[Path]) -> list:
+    # a fixture that spins on the GPU until killed takes the GPU alone (conftest._gpu_lock)
+    return [pytest.param(p, marks=pytest.mark.gpu_exclusive) if read_header(p).get("failure") == "timeout" else p
+            for p in paths]
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("path", CUDA_FIXTURES, ids=fixture_id)
+@pytest.mark.parametrize("path", _cuda_params(CUDA_FIXTURES), ids=fixture_id)
 def test_cuda_fixture(path: Path, judges, listener) -> None:
     run_fixture(path, "cuda", judges, listener)
 
@@ -312,6 +318,7 @@ def test_cpu_judge_survives_faults(judges, listener) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_exclusive  # its hang fixture spins on the GPU
 @pytest.mark.slow
 def test_cuda_judge_survives_faults(judges, listener) -> None:
     _survival("cuda", judges, listener,
