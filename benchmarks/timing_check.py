@@ -16,6 +16,7 @@ timing gate, GPU work only), and the ratio to Nsight Compute. Targets: within 5%
 from 10 us, within 2% from 1 ms, loaded as alone.
 
     python benchmarks/timing_check.py [--out DIR] [--sizes small|all] [--load-all] [--no-ncu]
+                                       [--gate-release process|judge|both]
 """
 
 from __future__ import annotations
@@ -257,7 +258,12 @@ def main() -> int:
     ap.add_argument("--sizes", choices=("small", "all"), default="all")
     ap.add_argument("--load-all", action="store_true", help="also time with every core busy, the judge's too")
     ap.add_argument("--no-ncu", action="store_true")
+    ap.add_argument("--gate-release", default="process",
+                    help="who opens a timed call's gate (JudgeConfig.gate_release): process, judge, or "
+                         "both (every condition twice; the judge's columns are suffixed '/judge')")
     args = ap.parse_args()
+    if args.gate_release not in ("process", "judge", "both"):
+        ap.error("--gate-release: process, judge or both")
 
     import torch
 
@@ -276,7 +282,11 @@ def main() -> int:
     # what the pool does on this machine: two cores for the judge, the rest for compile workers
     timing_cpus, rest = (allowed[:2], allowed[2:]) if len(allowed) >= 4 else (None, allowed)
     cases = [c for c in CASES if args.sizes == "all" or c[0] in SMALL]
-    conditions = ["alone", "loaded"] + (["loaded-all"] if args.load_all else [])
+    loads = ["alone", "loaded"] + (["loaded-all"] if args.load_all else [])
+    releases = ["process", "judge"] if args.gate_release == "both" else [args.gate_release]
+    # (column, load, gate_release): the process's release keeps the plain names
+    plan = [(load if rel == "process" else f"{load}/judge", load, rel) for rel in releases for load in loads]
+    conditions = [col for col, _, _ in plan]
     rows: dict[str, dict] = {label: {"label": label} for label, _, _ in cases}
     wss = {kind: workspace(tmp, kind) for kind in {k for _, k, _ in cases}}
     tasks = {}
@@ -284,14 +294,14 @@ def main() -> int:
         f = tmp / f"task_{label}.py"
         f.write_text(ew_task(n) if kind == "ew" else mm_task(n))
         tasks[label] = f
-    for cond in conditions:
-        cfg = JudgeConfig(device="cuda", compile_mode="none", policy="strict",
-                          timing_cpus=timing_cpus if cond != "loaded-all" else None,
-                          spare_cpus=rest if cond != "loaded-all" else None)
+    for cond, how, release in plan:
+        cfg = JudgeConfig(device="cuda", compile_mode="none", policy="strict", gate_release=release,
+                          timing_cpus=timing_cpus if how != "loaded-all" else None,
+                          spare_cpus=rest if how != "loaded-all" else None)
         load = []
-        if cond == "loaded":
+        if how == "loaded":
             load = start_load(rest, 10)
-        elif cond == "loaded-all":
+        elif how == "loaded-all":
             load = start_load(allowed, 0)
         try:
             with Judge(cfg) as judge:
