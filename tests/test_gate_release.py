@@ -197,11 +197,13 @@ def test_a_launch_bound_kernel_keeps_its_gpu_time_when_the_judge_opens_the_gate(
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_the_same_kernel_when_the_process_opens_the_gate(judges):
-    # For the record (-rP): the process's own release leaves the enqueueing on the judge's clock.
+    # The process's own release (the default) leaves the enqueueing on the judge's clock; where
+    # that reads as a lie, the second round has the judge open the gates (harness
+    # _restart_with_judge_release), so the honest launch-bound kernel is never failed for it.
     v = _judge(judges("process"), LAUNCH_BOUND)
     print(f"process release: correct={v.correct} failure={v.failure} runtime="
           f"{v.runtime.median_ms if v.runtime else None} ({v.runtime.source if v.runtime else None}) notes={v.notes}")
-    assert v.compiled
+    assert v.correct and v.failure is None and reward_of(v).value >= 1, (v.failure, v.notes)
 
 
 @pytest.mark.gpu

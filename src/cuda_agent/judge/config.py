@@ -75,7 +75,9 @@ class JudgeConfig(BaseModel):
                                "enqueueing too. 'judge': the judge writes the call's inputs and opens the gate "
                                "when the process says forward has enqueued, so its clock of the call starts "
                                "where the GPU's work can start (launch-bound forwards and a loaded host no "
-                               "longer stretch it)")
+                               "longer stretch it). With 'process', a round whose claims the judge's clock "
+                               "disagrees with is followed by one with 'judge' (in a fresh process); 'judge' "
+                               "for every call costs ~10 us kernels 3-30 us on an H200")
     timing_rel_slack: float | None = Field(
         None, description="outside clock may exceed the claimed time by this fraction "
                           "(default 0.25; on cpu the outside clock is CPU time)")
