@@ -878,8 +878,12 @@ def build_report(corpus: Corpus, records: list[Record], results: dict[str, dict]
     def share(rs: list[dict]) -> dict:
         n = len(rs)
         c = sum(x["correct"] for x in rs)
-        return {"judged": n, "correct": c, "share": c / n if n else None,
-                "classes": {k: sum(x["class"] == k for x in rs) for k in ("correct",) + CLASSES}}
+        classes = {k: sum(x["class"] == k for x in rs) for k in ("correct",) + CLASSES}
+        # Agreement with the leaderboard where the judge differs from KernelBench only by design
+        # (a documented policy difference), and the share with no judge problem at all.
+        return {"judged": n, "correct": c, "share": c / n if n else None, "classes": classes,
+                "share_with_policy": (c + classes["policy_difference"]) / n if n else None,
+                "share_no_judge_problem": (n - classes["judge_problem"]) / n if n else None}
 
     per_level = {str(lv): share([x for x in rows if x["level"] == lv]) for lv in levels}
     rule_counts = Counter((x["rule"], x["rule_class"]) for x in rows if x["rule"] != "correct")
@@ -940,6 +944,7 @@ def markdown(report: dict) -> str:
         c = s["classes"]
         lines.append(f"| {name} | {s['judged']} | {s['correct']} | {_pct(s['share'])} | {c['solution_error']} | "
                      f"{c['hack']} | {c['policy_difference']} | {c['judge_problem']} |")
+    lines += ["", summary_sentence(o)]
     lines += ["", "## Rules", "", "| rule | class | count |", "|---|---|---|"]
     lines += [f"| {x['rule']} | {x['class']} | {x['count']} |" for x in report["rules"]]
     if report["reviewed"]:
@@ -971,6 +976,16 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_sentence(o: dict) -> str:
+    """The overall shares in one sentence: judged correct, then what the rest comes down to."""
+    c = o["classes"]
+    return (f"{o['correct']} of {o['judged']} judged correct ({_pct(o['share'])}); counting the "
+            f"{c['policy_difference']} refused by a documented policy difference as agreement, "
+            f"{_pct(o.get('share_with_policy'))}; {c['judge_problem']} judge problems, so "
+            f"{_pct(o.get('share_no_judge_problem'))} of the verdicts are correct or explained by the solution "
+            f"or the policy.")
+
+
 def print_report(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -985,6 +1000,7 @@ def print_report(report: dict) -> None:
         t.add_row(name, str(s["judged"]), str(s["correct"]), _pct(s["share"]),
                   *(str(s["classes"][c]) for c in CLASSES))
     console.print(t)
+    console.print(summary_sentence(report["overall"]))
     rt = Table(title="rules")
     for col in ("rule", "class", "count"):
         rt.add_column(col)

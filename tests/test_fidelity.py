@@ -558,7 +558,15 @@ def test_end_to_end_on_cpu_classifies_resumes_and_reports(tmp_path, tmp_path_fac
     assert report["overall"]["share"] == pytest.approx(3 / 7)
     assert report["per_level"]["1"]["correct"] == 2 and report["per_level"]["1"]["judged"] == 6
     assert report["per_level"]["2"] == {"judged": 1, "correct": 1, "share": 1.0, "classes": {
-        "correct": 1, "solution_error": 0, "hack": 0, "policy_difference": 0, "judge_problem": 0}}
+        "correct": 1, "solution_error": 0, "hack": 0, "policy_difference": 0, "judge_problem": 0},
+        "share_with_policy": 1.0, "share_no_judge_problem": 1.0}
+    # the policy refusal counts as agreement in the second share; the near-tolerance one is the
+    # only judge problem
+    classes = report["overall"]["classes"]
+    assert classes["policy_difference"] == 1 and classes["judge_problem"] == 1, classes
+    assert report["overall"]["share_with_policy"] == pytest.approx(4 / 7)
+    assert report["overall"]["share_no_judge_problem"] == pytest.approx(6 / 7)
+    assert "3 of 7 judged correct (42.9%)" in (out / "fidelity.md").read_text()
     assert report["settings"]["config"]["policy"] == "lenient"
     assert report["settings"]["config"]["compile_mode"] == "none"
     assert {x["rule"]: x["count"] for x in report["rules"]} == {
