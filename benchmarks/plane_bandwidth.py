@@ -12,7 +12,8 @@ memory-bound kernel can be timed slower than Nsight Compute times it for other r
 kernel with the inputs rewritten after the flush (dirty lines in L2, as when the judge writes a
 call's inputs), with a fresh output each call, and under the profiler's CUDA activity (which the
 judge keeps on in every call), where the profiler's own kernel duration (CUPTI, as Nsight Compute
-reads it) is set beside the events'.
+reads it) is set beside the events'. And timing_check's own elementwise kernel, timed with events
+and with the judge's CallTimer (behind the gate), to tell the kernel, the gate and the mapping apart.
 
     python benchmarks/plane_bandwidth.py [--sizes-mb 128 1024] [--runs 20] [--out FILE]
 """
@@ -71,6 +72,52 @@ def timed(src, dirty=False, fresh_out=False, profiled=False):
         row["cupti_kernel_ms"] = statistics.median(kernel[3:])
     return row
 
+# timing_check's elementwise kernel itself (float4 grid-stride, blocks capped at 132 x 16), compiled here
+EW = r'''
+extern "C" __global__ void scale_shift_kernel(const float4* __restrict__ x, float4* __restrict__ y, int n4) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
+        float4 v = x[i];
+        y[i] = make_float4(v.x * 2.0f + 1.0f, v.y * 2.0f + 1.0f, v.z * 2.0f + 1.0f, v.w * 2.0f + 1.0f);
+    }
+}
+'''
+ew = torch.cuda._compile_kernel(EW, "scale_shift_kernel")
+
+def ew_call(x, out):
+    n4 = x.numel() // 4
+    ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, out, n4])
+
+def timed_ew(src, gated=False):
+    # the judge's own CallTimer (the gate, then events) where `gated`: is it the gate that costs?
+    from cuda_agent.judge.timing import CallTimer
+    timer = CallTimer("cuda", gate=gated)
+    x = src.view(torch.float32)
+    out = torch.empty_like(x)
+    times = []
+    for _ in range(runs + 3):
+        cold.sum()
+        torch.cuda.synchronize()
+        timer.start()
+        ew_call(x, out)
+        times.append(timer.stop())
+    return {"ms": statistics.median(times[3:]), "method": timer.method}
+
+def timed_mul_gated(src):
+    from cuda_agent.judge.timing import CallTimer
+    timer = CallTimer("cuda")
+    x = src.view(torch.float32)
+    out = torch.empty_like(x)
+    times = []
+    for _ in range(runs + 3):
+        cold.sum()
+        torch.cuda.synchronize()
+        timer.start()
+        torch.mul(x, 2.0, out=out)
+        times.append(timer.stop())
+    return {"ms": statistics.median(times[3:]), "method": timer.method}
+
+extra = {"ew_own_events": lambda: timed_ew(own), "ew_shared_events": lambda: timed_ew(shared),
+         "ew_shared_gated": lambda: timed_ew(shared, gated=True), "mul_shared_gated": lambda: timed_mul_gated(shared)}
 conditions = {"own": dict(src=own), "shared": dict(src=shared), "shared_dirty": dict(src=shared, dirty=True),
               "shared_fresh_out": dict(src=shared, fresh_out=True), "shared_profiled": dict(src=shared, profiled=True),
               "own_profiled": dict(src=own, profiled=True)}
@@ -79,6 +126,11 @@ for name, kw in conditions.items():
     try:
         got[name] = timed(**kw)
     except Exception as exc:  # the other conditions still count
+        print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+for name, fn in extra.items():
+    try:
+        got[name] = fn()
+    except Exception as exc:
         print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
 print(json.dumps(got))
 """
@@ -120,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mb:6d} MB  y = 2x reading the shared mapping {shared_ms:.4f} ms, own memory "
               f"{own_ms:.4f} ms ({row['own_gbps']:.0f} GB/s): ratio {row['ratio']:.3f}")
         for name, r in got.items():
-            print(f"         {name:18s} " + ", ".join(f"{k} {v:.4f}" for k, v in r.items()))
+            print(f"         {name:18s} " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                                   for k, v in r.items()))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     print(f"median ratio {statistics.median(r['ratio'] for r in rows):.3f}")
