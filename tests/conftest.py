@@ -11,8 +11,6 @@ quietly making the fast tier slow. Tests marked `gpu` run only where torch sees 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import stat
@@ -119,26 +117,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
-@contextlib.contextmanager
 def _gpu_lock(exclusive: bool):
-    """A readers-writer lock over the GPU between pytest-xdist workers (processes): GPU tests share
-    it; a `gpu_exclusive` test holds it alone. Why: the GPU tier runs several workers on one GPU, and
-    a kernel that spins until the judge kills it (the hang fixtures) takes the GPU's time slices
-    from another worker's timed calls, so an honest kernel's wall clock there is several times its
-    GPU time and the judge rightly calls the claim a lie. The judge itself never times a call beside
-    another candidate's work on its GPU; this keeps the tests in the same position. A turnstile
-    lock in front keeps a waiting exclusive test from being starved by overlapping shared ones."""
-    base = Path(tempfile.gettempdir()) / f"cuda-agent-tests-gpu-{os.getuid()}"
-    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    """The GPU between pytest-xdist workers (processes), through the judge's own device lock
+    (cuda_agent/judge/devlock.py): GPU tests share it; a `gpu_exclusive` test holds it alone. Why:
+    the GPU tier runs several workers on one GPU, and a kernel that spins until the judge kills it
+    (the hang fixtures) takes the GPU's time slices from another worker's timed calls, so an honest
+    kernel's wall clock there is several times its GPU time and the judge rightly calls the claim a
+    lie. The judge itself never times a call beside another judge's calls on its GPU; this keeps
+    the tests in the same position."""
+    from cuda_agent.judge.devlock import DeviceLock
+
+    return DeviceLock(Path(tempfile.gettempdir()) / f"cuda-agent-tests-gpu-{os.getuid()}.lock").hold(exclusive)
 
 
 @pytest.fixture(autouse=True)

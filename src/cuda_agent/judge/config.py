@@ -78,6 +78,11 @@ class JudgeConfig(BaseModel):
                                "longer stretch it). With 'process', a round whose claims the judge's clock "
                                "disagrees with is followed by one with 'judge' (in a fresh process); 'judge' "
                                "for every call costs ~10 us kernels 3-30 us on an H200")
+    device_lock: Path | None = Field(
+        None, description="lock file shared by the judges of one device (judge/devlock.py): each timed call "
+                          "holds it alone, every other call shares it, so several judges can check candidates "
+                          "on one GPU while timed calls run by themselves (the pool sets it per GPU when "
+                          "judges_per_gpu > 1)")
     timing_rel_slack: float | None = Field(
         None, description="outside clock may exceed the claimed time by this fraction "
                           "(default 0.25; on cpu the outside clock is CPU time)")

@@ -25,6 +25,7 @@ given, or anything that decides the verdict.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -51,6 +52,7 @@ from .compare import NOISE_DOMINATED, changed_input, compare_outputs, degenerate
 from .sol import task_speed_of_light
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
+from .devlock import DeviceLock
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
 from .protocol import CallReply, Channel, DataPlane, InitRequest, Ready
 from .reference import Reference, Setup, fresh_inputs, make_setup, reference_ops, to_list
@@ -139,6 +141,8 @@ class Judge:
         self._references: dict[str, Reference] = {}
         self.builds = CandidateBuilds(self.builder, self.device, config.policy)
         self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
+        # Judges sharing this device: timed calls hold it alone, other calls share it (devlock.py).
+        self._device_lock = DeviceLock(config.device_lock) if config.device_lock else None
         self.verdicts = None
         if config.verdict_cache:
             self.verdicts = VerdictCache(config.cache_dir / "verdicts", settings=config.model_dump(mode="json"), machine={
@@ -454,7 +458,17 @@ class Judge:
         compared here (unless `ev` is a baseline), the inputs read back and checked for modification.
         Returns the claimed and the outside-measured times of the timed calls. `first_index`
         numbers the calls of a later round after those of the first. The first `compiling_calls`
-        calls compile (a torch.compile baseline's warm-up): they get a build's time limit, not a call's."""
+        calls compile (a torch.compile baseline's warm-up): they get a build's time limit, not a call's.
+        With a device lock (JudgeConfig.device_lock) each call holds it: alone if timed."""
+        held = contextlib.ExitStack()  # the current call's hold on a device other judges share
+        try:
+            return self._drive_calls(session, ref, setup, roles, ev, deadline, first_index, compiling_calls, held)
+        finally:
+            held.close()
+
+    def _drive_calls(self, session: Session, ref: Reference, setup: Setup, roles: list[str], ev: Evaluation,
+                     deadline: float, first_index: int, compiling_calls: int,
+                     held: contextlib.ExitStack) -> tuple[list[float], list[float]]:
         cfg = self.config
         dev = self.device
         proc, chan, plane = session.proc, session.chan, session.plane
@@ -468,6 +482,9 @@ class Judge:
         # work, the candidate's side of each call and the judge's checks.
         split = dict.fromkeys(("reference", "candidate", "check"), 0.0)
         for i, role in enumerate(roles, start=first_index):
+            if self._device_lock is not None:
+                held.close()  # the last call's hold; then this one's, alone for a timed call
+                held.enter_context(self._device_lock.hold(exclusive=role == "timed"))
             t_ref = time.perf_counter()
             seed = secrets.randbits(63)
             inputs = fresh_inputs(ref, seed, i, dev)

@@ -32,7 +32,7 @@ from .verdict import FailureCategory, Verdict
 
 # Settings that say where or how the judge runs, not what it decides.
 _PLACEMENT = frozenset({"cache_dir", "spares", "sandbox_uid", "timing_cpus", "spare_cpus", "use_zygote",
-                        "verdict_cache", "arch"})
+                        "verdict_cache", "arch", "device_lock"})
 SETTLED_FAILURES = frozenset({FailureCategory.LOAD, FailureCategory.POLICY, FailureCategory.COMPILE})
 
 

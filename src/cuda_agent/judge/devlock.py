@@ -1,0 +1,58 @@
+"""One device, several judges: a readers-writer lock that keeps timed calls alone on their device.
+
+Judges that share a GPU (`PoolConfig.judges_per_gpu`) take the device's lock file around every
+call they make to a candidate: a timed call holds it alone, every other call (checked and warm-up
+calls, the reference's work, the output checks) shares it. So the checks of several candidates run
+at once while no other judge's calls run beside a timed one: a kernel timed beside another
+process's kernels gets the GPU's time slices, not the GPU, and reads several times slower. What runs
+outside the calls (builds, starting a candidate's process) takes no lock.
+
+`flock` locks belong to open files, so the lock is released when the holder exits or is killed; a
+judge killed mid-call never leaves its device locked. A turnstile file in front of the lock keeps a
+waiting timed call from being starved by shared holders that keep overlapping: a judge that asks
+for the lock alone holds the turnstile while it waits, so new shared holders wait behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+class DeviceLock:
+    """The lock of one device, at `path` (its turnstile at `path` + ".turnstile")."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool) -> Iterator[None]:
+        """Hold the device alone (`exclusive`) or together with other shared holders."""
+        lock_fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            turnstile_fd = os.open(f"{self.path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(turnstile_fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                finally:
+                    fcntl.flock(turnstile_fd, fcntl.LOCK_UN)
+            finally:
+                os.close(turnstile_fd)
+            yield
+        finally:
+            os.close(lock_fd)  # closing the file releases its lock
+
+
+def gpu_lock_path(visible: str | None) -> Path:
+    """The lock of the GPU a process sees first (its CUDA_VISIBLE_DEVICES, as the pool or Ray set
+    it), under this machine's temporary folder: every judge on this machine that shares that GPU,
+    in any pool, takes the same lock."""
+    first = (visible or "0").split(",")[0].strip() or "0"
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in first)
+    return Path(tempfile.gettempdir()) / "cuda-agent-device-locks" / f"gpu-{safe}.lock"

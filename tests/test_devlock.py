@@ -1,0 +1,211 @@
+"""The device lock that lets several judges share one GPU (judge/devlock.py), its place in the pool
+(judges per GPU), and the judge taking it around its calls: timed calls alone, the rest shared."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import judge_cache_dir, read_header
+from cuda_agent.judge.devlock import DeviceLock, gpu_lock_path
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CTX = multiprocessing.get_context("fork")
+
+
+def _holder(path: str, exclusive: bool, got, release, log=None, name: str = "") -> None:
+    with DeviceLock(path).hold(exclusive):
+        if log is not None:
+            log.put(name)
+        got.set()
+        release.wait(30)
+
+
+def _start(path: Path, exclusive: bool, log=None, name: str = ""):
+    got, release = CTX.Event(), CTX.Event()
+    proc = CTX.Process(target=_holder, args=(str(path), exclusive, got, release, log, name), daemon=True)
+    proc.start()
+    return proc, got, release
+
+
+def test_shared_holders_overlap_and_an_exclusive_one_waits_for_them(tmp_path):
+    lock = tmp_path / "gpu.lock"
+    a, a_got, a_release = _start(lock, exclusive=False)
+    b, b_got, b_release = _start(lock, exclusive=False)
+    assert a_got.wait(10) and b_got.wait(10), "two shared holders at once"
+    w, w_got, w_release = _start(lock, exclusive=True)
+    assert not w_got.wait(0.5), "an exclusive holder got the lock beside shared ones"
+    a_release.set()
+    assert not w_got.wait(0.3), "an exclusive holder got the lock beside a shared one"
+    b_release.set()
+    assert w_got.wait(10)
+    c, c_got, c_release = _start(lock, exclusive=False)
+    assert not c_got.wait(0.5), "a shared holder got the lock beside an exclusive one"
+    w_release.set()
+    assert c_got.wait(10)
+    c_release.set()
+    for p in (a, b, w, c):
+        p.join(10)
+
+
+def test_a_waiting_exclusive_holder_is_not_starved_by_new_shared_ones(tmp_path):
+    lock = tmp_path / "gpu.lock"
+    log = CTX.Queue()
+    first, first_got, first_release = _start(lock, False, log, "first-shared")
+    assert first_got.wait(10)
+    writer, writer_got, writer_release = _start(lock, True, log, "exclusive")
+    time.sleep(0.3)  # the writer now waits, holding the turnstile
+    later, later_got, later_release = _start(lock, False, log, "later-shared")
+    assert not later_got.wait(0.5), "a new shared holder passed a waiting exclusive one"
+    first_release.set()
+    assert writer_got.wait(10)
+    assert not later_got.wait(0.3)
+    writer_release.set()
+    assert later_got.wait(10)
+    later_release.set()
+    assert [log.get(timeout=5) for _ in range(3)] == ["first-shared", "exclusive", "later-shared"]
+    for p in (first, writer, later):
+        p.join(10)
+
+
+def test_a_holder_killed_mid_call_leaves_the_device_free(tmp_path):
+    lock = tmp_path / "gpu.lock"
+    p, got, _ = _start(lock, exclusive=True)
+    assert got.wait(10)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    done = threading.Event()
+
+    def take():
+        with DeviceLock(lock).hold(exclusive=True):
+            done.set()
+
+    threading.Thread(target=take, daemon=True).start()
+    assert done.wait(10), "the lock of a killed holder was not released"
+
+
+def test_the_lock_of_a_gpu_is_named_by_the_first_visible_device():
+    assert gpu_lock_path("3") == gpu_lock_path("3,4") != gpu_lock_path("4")
+    assert gpu_lock_path(None) == gpu_lock_path("") == gpu_lock_path("0")
+    odd = gpu_lock_path("GPU-8f/../x")
+    assert odd.parent == gpu_lock_path("0").parent and "/" not in odd.name and ".." not in odd.name
+
+
+def test_placement_puts_judges_per_gpu_on_each_gpu(monkeypatch):
+    from cuda_agent import host
+    from cuda_agent.judge import JudgeConfig
+    from cuda_agent.pool.transport import PlacementError, local_placement
+
+    monkeypatch.setattr(host, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(host, "usable_cpus", lambda: list(range(16)))
+    monkeypatch.setattr(host, "usable_cores", lambda: 16)
+    cfg = JudgeConfig(device="cuda")
+    place = local_placement(cfg, None, None, judges_per_gpu=3)
+    assert place.judges == 6
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in place.judge_env] == ["0", "1", "0", "1", "0", "1"]
+    # two timing cores per judge where the machine has them, none shared between judges
+    cores = [c for t in place.timing_cpus for c in (t or [])]
+    assert len(cores) == len(set(cores))
+    assert local_placement(cfg, 3, None, judges_per_gpu=2).judges == 3
+    with pytest.raises(PlacementError, match="judges-per-gpu"):
+        local_placement(cfg, 5, None, judges_per_gpu=2)
+    with pytest.raises(PlacementError):
+        local_placement(cfg, 3, None)  # one judge per GPU unless asked
+
+
+class _CapturingJudge:
+    configs: list = []
+
+    def __init__(self, config, store):
+        _CapturingJudge.configs.append(config)
+        self.device_name, self.arch = "stand-in", None
+
+
+def test_a_judge_worker_sharing_its_gpu_takes_that_gpus_lock(monkeypatch):
+    from cuda_agent.judge import JudgeConfig
+    from cuda_agent.pool.transport import WorkerSpec
+    from cuda_agent.pool.workers import make_server
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    factory = f"{__name__}:_CapturingJudge"
+    _CapturingJudge.configs.clear()
+    for share in (True, False):
+        spec = WorkerSpec(role="judge", slot=0, config=JudgeConfig(device="cuda"), judge_factory=factory,
+                          share_gpu=share)
+        server = make_server(spec)
+        assert not hasattr(server, "message"), server
+    shared, alone = _CapturingJudge.configs
+    assert shared.device_lock == gpu_lock_path("1") and alone.device_lock is None
+
+
+# ---------------------------------------------------------------- the judge takes the lock (slow)
+class _RecordingLock(DeviceLock):
+    """The device lock, with every hold recorded as (mode, start, end) once it was granted."""
+
+    def __init__(self, path, record: list, guard: threading.Lock):
+        super().__init__(path)
+        self.record, self.guard = record, guard
+
+    def hold(self, exclusive: bool):
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            with super(_RecordingLock, self).hold(exclusive):
+                t0 = time.monotonic()
+                try:
+                    yield
+                finally:
+                    with self.guard:
+                        self.record.append(("exclusive" if exclusive else "shared", t0, time.monotonic()))
+        return held()
+
+
+@pytest.mark.slow
+def test_two_judges_on_one_device_never_run_a_call_beside_a_timed_one(tmp_path_factory):
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import Judge, JudgeConfig
+    from cuda_agent.tasks import load_task_file
+
+    cache = judge_cache_dir(tmp_path_factory, "devlock-cache")
+    lock = tmp_path_factory.mktemp("locks") / "cpu.lock"
+    fixture = FIXTURES / "cpu" / "honest" / "matmul_omp.py"
+    task = load_task_file(FIXTURES / "tasks" / read_header(fixture)["task"])
+    record: list = []
+    guard = threading.Lock()
+    judges = [Judge(JudgeConfig(device="cpu", compile_mode="none", n_check=2, n_warmup=1, n_timed=5,
+                                cache_dir=cache, device_lock=lock, call_timeout_s=30.0, verdict_cache=False))
+              for _ in range(2)]
+    try:
+        for j in judges:
+            j._device_lock = _RecordingLock(lock, record, guard)
+        judges[0].evaluate(task, Candidate.from_path(fixture))  # builds and baselines once, for both
+        record.clear()
+        verdicts: list = [None, None]
+
+        def run(k: int) -> None:
+            verdicts[k] = judges[k].evaluate(task, Candidate.from_path(fixture))
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    finally:
+        for j in judges:
+            j.close()
+    for v in verdicts:
+        assert v is not None and v.correct, (v.failure if v else None, v.notes if v else None)
+    modes = [m for m, _, _ in record]
+    # per evaluation: 2 checked and 1 warm-up call shared, 5 timed calls alone
+    assert modes.count("exclusive") == 10 and modes.count("shared") == 6, modes
+    for i, (m, a0, a1) in enumerate(record):
+        for n, b0, b1 in record[i + 1:]:
+            if "exclusive" in (m, n):
+                assert a1 <= b0 or b1 <= a0, f"a {m} hold overlapped a {n} one"
