@@ -13,7 +13,8 @@ before the clock starts, and kept in the results database).
     3. measuring: N distinct candidates, round-robin over the tasks, submitted as fast as the
        pool's back-pressure allows; the clock runs from the first submit to the last verdict.
 
-Reported: candidates per hour per judge worker ("per GPU-hour" on CUDA), how many were correct and
+Reported: candidates per hour per judge worker ("per GPU-hour" on CUDA, where the judges of one GPU
+(--judges-per-gpu) count together), how many were correct and
 how many had been built ahead by a compile worker, and the mean seconds per candidate in each
 phase: waiting in the queue, compiling on a compile worker (`prebuild`), the judge's build step
 (a cache look-up when the prebuild finished, else waiting for it or compiling), loading (`start`:
@@ -69,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=200, help="candidates measured (default 200)")
     p.add_argument("--tasks", nargs="*", help="suite task names (default: every level-1 task with a solution)")
     p.add_argument("--workers", type=int, help="judge workers (cuda: default one per GPU; cpu: default 1)")
+    p.add_argument("--judges-per-gpu", type=int, default=1,
+                   help="cuda: judge workers per GPU, taking turns for the timed calls (default 1)")
     p.add_argument("--compile-workers", type=int, help="compile workers (default: the pool's default)")
     p.add_argument("--agents", type=int, default=0, help="step-latency mode: this many agents share the judge")
     p.add_argument("--steps", type=int, default=5, help="step-latency mode: steps per agent (default 5)")
@@ -192,7 +195,8 @@ def main(argv=None) -> int:
     own_root = args.cache_root is None
     root = Path(tempfile.mkdtemp(prefix="throughput-")) if own_root else args.cache_root
     config = JudgeConfig.model_validate({**overrides, "device": args.device, "cache_dir": root / "cache"})
-    pool_config = PoolConfig(judge_workers=args.workers, compile_workers=args.compile_workers,
+    pool_config = PoolConfig(judge_workers=args.workers, judges_per_gpu=args.judges_per_gpu,
+                             compile_workers=args.compile_workers,
                              baseline_db=root / "results.sqlite")
     work = [(tasks[i % len(tasks)], cold_variant(originals[tasks[i % len(tasks)].name], uuid.uuid4().hex,
                                                           one_folder=False))
@@ -294,7 +298,9 @@ def main(argv=None) -> int:
         console.print(f"wrote {args.out}")
         return 0
 
-    per_hour = len(verdicts) / wall * 3600 / n_judges
+    # per GPU where judges share GPUs (the judges of one GPU together), else per judge worker
+    units = max(1, n_judges // args.judges_per_gpu) if args.device == "cuda" else n_judges
+    per_hour = len(verdicts) / wall * 3600 / units
     phases = {k: mean([v.phase_s.get(k, 0.0) for v in verdicts]) for k in PHASES}
     judge_s = mean([v.judge_s or 0.0 for v in verdicts])
     in_judge = sum(phases[k] for k in ("build", "baseline", "start", "calls"))
@@ -323,7 +329,8 @@ def main(argv=None) -> int:
                         "device": args.device, "device_names": device_names},
         "judge_config": json.loads(config.model_dump_json(exclude={"cache_dir"})),
         "tasks": [t.name for t in tasks], "n": len(verdicts), "wall_s": wall, "judge_workers": n_judges,
-        "compile_workers": n_compile, "per_worker_hour": per_hour, "unit": unit,
+        "compile_workers": n_compile, "judges_per_gpu": args.judges_per_gpu, "per_worker_hour": per_hour,
+        "unit": unit,
         "correct": sum(v.correct for v in verdicts), "prebuilt_in_time": prebuilt,
         "judge_busy": judge_busy, "compile_busy": compile_busy, "mean_phase_s": phases, "mean_judge_s": judge_s,
         "failures": [v.failure.model_dump(mode="json") | {"task": v.task_name} for v in verdicts if v.failure],

@@ -173,7 +173,10 @@ def bench_cmd(
         "--run", help="run name; an existing run resumes, judging only what it lacks "
                       "(default: a new run named after the tasks, device and time)")] = None,
     workers: Annotated[Optional[int], typer.Option(
-        "--workers", help="judge workers (cuda: one per visible GPU at most; cpu: default 1)")] = None,
+        "--workers", help="judge workers (cuda: default --judges-per-gpu per visible GPU; cpu: default 1)")] = None,
+    judges_per_gpu: Annotated[int, typer.Option(
+        "--judges-per-gpu", help="cuda: judge workers sharing each GPU; they check candidates at once and take "
+                                 "turns for the timed calls, each alone on the GPU")] = 1,
     compile_workers: Annotated[Optional[int], typer.Option(
         "--compile-workers", help="workers building candidates ahead (default: the spare cores; 0: none)")] = None,
     time_limit: Annotated[Optional[float], typer.Option(
@@ -208,9 +211,10 @@ def bench_cmd(
         _existing(Path(tasks), "task file or folder")
     _device_or_exit(cfg.device)
     try:
-        pool_config = PoolConfig(judge_workers=workers, compile_workers=compile_workers, time_limit_s=time_limit)
+        pool_config = PoolConfig(judge_workers=workers, judges_per_gpu=judges_per_gpu,
+                                 compile_workers=compile_workers, time_limit_s=time_limit)
     except ValidationError as exc:
-        _fail(str(explain(PoolConfig, exc, "pool settings (--workers, --compile-workers, --time-limit)")), 2)
+        _fail(str(explain(PoolConfig, exc, "pool settings (--workers, --judges-per-gpu, --compile-workers, --time-limit)")), 2)
     client = None
     errors: tuple[type[Exception], ...] = (TaskError, JudgeError, PoolError, DBError)
     if judge_url:

@@ -69,6 +69,10 @@ class PoolConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     judge_workers: int | None = Field(
         None, ge=1, description="judge workers; cuda: one per visible GPU (at most that many), cpu: default 1")
+    judges_per_gpu: int = Field(
+        1, ge=1, le=8, description="CUDA: judge workers per GPU. With more than one they check candidates at "
+                                   "the same time and take turns for timed calls, which each holds the GPU "
+                                   "alone for (JudgeConfig.device_lock)")
     compile_workers: int | None = Field(
         None, ge=0, description="compile workers (0: none); default cuda: cores - judge workers - 1, "
                                 "cpu: the same but 0 on small machines, where they would slow the judged calls")
@@ -150,7 +154,7 @@ class Pool:
         self.pool_config = pc = pool_config or PoolConfig()
         self.transport = transport or LocalTransport()
         try:
-            place = self.transport.placement(config, pc.judge_workers, pc.compile_workers)
+            place = self.transport.placement(config, pc.judge_workers, pc.compile_workers, pc.judges_per_gpu)
         except PlacementError as exc:
             raise PoolError(str(exc)) from None
         n_judges, n_compile, timing, rest = place.judges, place.compile_workers, place.timing_cpus, place.spare_cpus
@@ -172,7 +176,8 @@ class Pool:
             uid = (config.sandbox_uid + i) if config.sandbox_uid is not None else base + i
             spec = WorkerSpec(role="judge", slot=i, config=config.model_copy(update={
                                   "sandbox_uid": uid, "timing_cpus": timing[i], "spare_cpus": rest}),
-                              env=place.judge_env[i], baseline_db=pc.baseline_db, judge_factory=pc.judge_factory)
+                              env=place.judge_env[i], baseline_db=pc.baseline_db, judge_factory=pc.judge_factory,
+                              share_gpu=pc.judges_per_gpu > 1, gpu_share=1.0 / pc.judges_per_gpu)
             self._slots.append(_Slot("judge", i, spec))
         for j in range(n_compile):
             spec = WorkerSpec(role="compile", slot=j, config=config, build_uid=host.build_uid(base + MAX_SLOTS + j),

@@ -251,9 +251,10 @@ class RayTransport:
         self._store_actor = None
         self._store_path: str | None = None
 
-    def placement(self, config: JudgeConfig, judge_workers: int | None, compile_workers: int | None) -> Placement:
-        """Judges from the cluster's GPUs (CPU backend: `judge_workers`, default 1); compile workers
-        on the CPUs that leaves, less one for the driver."""
+    def placement(self, config: JudgeConfig, judge_workers: int | None, compile_workers: int | None,
+                  judges_per_gpu: int = 1) -> Placement:
+        """Judges from the cluster's GPUs, `judges_per_gpu` each (CPU backend: `judge_workers`,
+        default 1); compile workers on the CPUs that leaves, less one for the driver."""
         from cuda_agent.judge.harness import JudgeError
 
         resources = _ray().cluster_resources()
@@ -261,10 +262,11 @@ class RayTransport:
         if config.device == "cuda":
             if gpus == 0:
                 raise JudgeError("device 'cuda' requested but the Ray cluster has no GPU (use --device cpu)")
-            n_judges = judge_workers or gpus
-            if n_judges > gpus:
-                raise PlacementError(f"{n_judges} judge workers asked for, the Ray cluster has {gpus} GPUs: "
-                                     "one judge per GPU keeps timings free of each other's load")
+            n_judges = judge_workers or gpus * judges_per_gpu
+            if n_judges > gpus * judges_per_gpu:
+                raise PlacementError(f"{n_judges} judge workers asked for, the Ray cluster has {gpus} GPUs and "
+                                     f"{judges_per_gpu} judge(s) per GPU: judges that share a GPU take turns for "
+                                     "their timed calls (--judges-per-gpu)")
             default_compile = max(1, cpus - JUDGE_CPUS_CUDA * n_judges - 1)
         else:
             n_judges = judge_workers or 1
@@ -295,7 +297,9 @@ class RayTransport:
             store = self._baseline_store(spec.baseline_db)
             spec = spec.model_copy(update={"baseline_db": None})
         if spec.role == "judge" and spec.config.device == "cuda":
-            resources = {"num_gpus": 1, "num_cpus": JUDGE_CPUS_CUDA}
+            # a fraction of a GPU where judges share one: Ray places them on the same GPU and sets
+            # CUDA_VISIBLE_DEVICES, which names the GPU's lock (JudgeConfig.device_lock)
+            resources = {"num_gpus": spec.gpu_share, "num_cpus": JUDGE_CPUS_CUDA}
         else:
             resources = {"num_gpus": 0, "num_cpus": 1}
         actor = self._actor_cls.options(name=None, max_restarts=0, max_task_retries=0, **resources).remote(spec, store)

@@ -43,10 +43,11 @@ class PlacementError(RuntimeError):
     """The workers asked for do not fit what the transport can reach."""
 
 
-def local_placement(config: JudgeConfig, judge_workers: int | None, compile_workers: int | None) -> Placement:
-    """This machine: one judge per visible GPU (on the CPU backend `judge_workers`, default 1) and
-    compile workers on the cores left. Raises JudgeError for CUDA without a GPU, PlacementError
-    for more judges than GPUs."""
+def local_placement(config: JudgeConfig, judge_workers: int | None, compile_workers: int | None,
+                    judges_per_gpu: int = 1) -> Placement:
+    """This machine: `judges_per_gpu` judges per visible GPU (on the CPU backend `judge_workers`,
+    default 1) and compile workers on the cores left. Raises JudgeError for CUDA without a GPU,
+    PlacementError for more judges than GPUs can take."""
     from cuda_agent.judge.harness import JudgeError
 
     cores = host.usable_cores()
@@ -54,11 +55,13 @@ def local_placement(config: JudgeConfig, judge_workers: int | None, compile_work
         gpus = host.visible_gpus()
         if not gpus:
             raise JudgeError("device 'cuda' requested but no GPU is visible (use --device cpu)")
-        n_judges = judge_workers or len(gpus)
-        if n_judges > len(gpus):
-            raise PlacementError(f"{n_judges} judge workers asked for, {len(gpus)} GPUs visible: "
-                                 "one judge per GPU keeps timings free of each other's load")
-        envs = [{"CUDA_VISIBLE_DEVICES": gpus[i]} for i in range(n_judges)]
+        n_judges = judge_workers or len(gpus) * judges_per_gpu
+        if n_judges > len(gpus) * judges_per_gpu:
+            raise PlacementError(f"{n_judges} judge workers asked for, {len(gpus)} GPUs visible and "
+                                 f"{judges_per_gpu} judge(s) per GPU: judges that share a GPU take turns for "
+                                 "their timed calls (--judges-per-gpu)")
+        # judges i, i + len(gpus), ... share GPU i, so that fewer judges than slots spread out
+        envs = [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(n_judges)]
         default_compile = max(1, cores - n_judges - 1)
     else:
         n_judges = judge_workers or 1
@@ -93,6 +96,8 @@ class WorkerSpec(BaseModel):
     cpus: list[int] | None = None                       # compile workers: the cores they (and their builds) use
     nice: int = 0                                       # compile workers: lower priority than the timed calls
     judge_factory: str = "cuda_agent.judge:Judge"      # module:callable(config, baseline_store) -> Judge
+    share_gpu: bool = False                             # judges: others judge on the same GPU (devlock.py)
+    gpu_share: float = 1.0                              # judges: the share of a GPU each holds (a Ray actor's)
     parent_pid: int = 0
 
 
@@ -162,7 +167,7 @@ class WorkerHandle(Protocol):
 
 class Transport(Protocol):
     def placement(self, config: JudgeConfig, judge_workers: int | None,
-                  compile_workers: int | None) -> Placement: ...
+                  compile_workers: int | None, judges_per_gpu: int = 1) -> Placement: ...
 
     def start(self, spec: WorkerSpec) -> WorkerHandle: ...
 
@@ -226,8 +231,9 @@ class LocalTransport:
     def __init__(self):
         self.ctx = multiprocessing.get_context("spawn")
 
-    def placement(self, config: JudgeConfig, judge_workers: int | None, compile_workers: int | None) -> Placement:
-        return local_placement(config, judge_workers, compile_workers)
+    def placement(self, config: JudgeConfig, judge_workers: int | None, compile_workers: int | None,
+                  judges_per_gpu: int = 1) -> Placement:
+        return local_placement(config, judge_workers, compile_workers, judges_per_gpu)
 
     def start(self, spec: WorkerSpec) -> _LocalHandle:
         from .workers import worker_main

@@ -82,7 +82,14 @@ class _JudgeServer:
             from cuda_agent.db import SqliteBaselineStore
 
             self.store = SqliteBaselineStore(spec.baseline_db)
-        self.judge = factory(spec.config, self.store)
+        config = spec.config
+        if spec.share_gpu and config.device == "cuda" and config.device_lock is None:
+            # Judges that share a GPU take turns for timed calls through the GPU's lock file; the
+            # GPU is the one this process sees (set by the pool, or by Ray for its actor).
+            from cuda_agent.judge.devlock import gpu_lock_path
+
+            config = config.model_copy(update={"device_lock": gpu_lock_path(os.environ.get("CUDA_VISIBLE_DEVICES"))})
+        self.judge = factory(config, self.store)
 
     def hello(self) -> Hello:
         return Hello(pid=os.getpid(), device_name=str(getattr(self.judge, "device_name", "")),

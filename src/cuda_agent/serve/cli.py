@@ -46,7 +46,10 @@ def serve_cmd(
         "--db", help="results database: verdicts, baselines, the service's queue "
                      "(default: $CUDA_AGENT_DB or results.sqlite in the cache folder)")] = None,
     workers: Annotated[Optional[int], typer.Option(
-        "--workers", help="judge workers (cuda: one per GPU at most; cpu: default 1)")] = None,
+        "--workers", help="judge workers (cuda: default --judges-per-gpu per visible GPU; cpu: default 1)")] = None,
+    judges_per_gpu: Annotated[int, typer.Option(
+        "--judges-per-gpu", help="cuda: judge workers sharing each GPU; they check candidates at once and take "
+                                 "turns for the timed calls, each alone on the GPU")] = 1,
     compile_workers: Annotated[Optional[int], typer.Option(
         "--compile-workers", help="workers building candidates ahead (default: the spare cores; 0: none)")] = None,
     time_limit: Annotated[Optional[float], typer.Option(
@@ -98,7 +101,8 @@ def serve_cmd(
     except SettingsError as exc:
         _fail(str(exc), EXIT_USAGE)
     try:
-        pool_config = PoolConfig(judge_workers=workers, compile_workers=compile_workers, time_limit_s=time_limit)
+        pool_config = PoolConfig(judge_workers=workers, judges_per_gpu=judges_per_gpu,
+                                 compile_workers=compile_workers, time_limit_s=time_limit)
         service_config = ServiceConfig(db=db or default_db_path(cfg.cache_dir), max_pending=max_pending,
                                        max_request_bytes=int(max_request_mb * (1 << 20)))
     except ValidationError as exc:
