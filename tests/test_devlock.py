@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import judge_cache_dir, read_header
-from cuda_agent.judge.devlock import DeviceLock, gpu_lock_path
+from cuda_agent.judge.devlock import DeviceLock, gpu_lock_path, host_lock_path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CTX = multiprocessing.get_context("fork")
@@ -137,11 +137,15 @@ def test_a_judge_worker_sharing_its_gpu_takes_that_gpus_lock(monkeypatch):
     _CapturingJudge.configs.clear()
     for share in (True, False):
         spec = WorkerSpec(role="judge", slot=0, config=JudgeConfig(device="cuda"), judge_factory=factory,
-                          share_gpu=share)
+                          share_device=share)
         server = make_server(spec)
         assert not hasattr(server, "message"), server
-    shared, alone = _CapturingJudge.configs
+    spec = WorkerSpec(role="judge", slot=0, config=JudgeConfig(device="cpu"), judge_factory=factory,
+                      share_device=True)
+    make_server(spec)
+    shared, alone, cpu = _CapturingJudge.configs
     assert shared.device_lock == gpu_lock_path("1") and alone.device_lock is None
+    assert cpu.device_lock == host_lock_path() != shared.device_lock
 
 
 # ---------------------------------------------------------------- the judge takes the lock (slow)

@@ -1,8 +1,9 @@
 """One device, several judges: a readers-writer lock that keeps timed calls alone on their device.
 
-Judges that share a GPU (`PoolConfig.judges_per_gpu`) take the device's lock file around every
-call they make to a candidate: a timed call holds it alone, every other call (checked and warm-up
-calls, the reference's work, the output checks) shares it. So the checks of several candidates run
+Judges that share a GPU (`PoolConfig.judges_per_gpu`), or the CPU backend's judges of one pool
+(`--workers`: their candidates' threads share the host's cores), take the device's lock file
+around every call they make to a candidate: a timed call holds it alone, every other call (checked
+and warm-up calls, the reference's work, the output checks) shares it. So the checks of several candidates run
 at once while no other judge's calls run beside a timed one: a kernel timed beside another
 process's kernels gets the GPU's time slices, not the GPU, and reads several times slower. What runs
 outside the calls (builds, starting a candidate's process) takes no lock.
@@ -49,10 +50,19 @@ class DeviceLock:
             os.close(lock_fd)  # closing the file releases its lock
 
 
+def _lock_folder() -> Path:
+    return Path(tempfile.gettempdir()) / "cuda-agent-device-locks"
+
+
+def host_lock_path() -> Path:
+    """The lock of this host's cores, which CPU-backend judges share."""
+    return _lock_folder() / "cpu.lock"
+
+
 def gpu_lock_path(visible: str | None) -> Path:
     """The lock of the GPU a process sees first (its CUDA_VISIBLE_DEVICES, as the pool or Ray set
     it), under this machine's temporary folder: every judge on this machine that shares that GPU,
     in any pool, takes the same lock."""
     first = (visible or "0").split(",")[0].strip() or "0"
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in first)
-    return Path(tempfile.gettempdir()) / "cuda-agent-device-locks" / f"gpu-{safe}.lock"
+    return _lock_folder() / f"gpu-{safe}.lock"

@@ -177,7 +177,8 @@ class Pool:
             spec = WorkerSpec(role="judge", slot=i, config=config.model_copy(update={
                                   "sandbox_uid": uid, "timing_cpus": timing[i], "spare_cpus": rest}),
                               env=place.judge_env[i], baseline_db=pc.baseline_db, judge_factory=pc.judge_factory,
-                              share_gpu=pc.judges_per_gpu > 1, gpu_share=1.0 / pc.judges_per_gpu)
+                              share_device=pc.judges_per_gpu > 1 if config.device == "cuda" else n_judges > 1,
+                              gpu_share=1.0 / pc.judges_per_gpu)
             self._slots.append(_Slot("judge", i, spec))
         for j in range(n_compile):
             spec = WorkerSpec(role="compile", slot=j, config=config, build_uid=host.build_uid(base + MAX_SLOTS + j),

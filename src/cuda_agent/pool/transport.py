@@ -96,7 +96,7 @@ class WorkerSpec(BaseModel):
     cpus: list[int] | None = None                       # compile workers: the cores they (and their builds) use
     nice: int = 0                                       # compile workers: lower priority than the timed calls
     judge_factory: str = "cuda_agent.judge:Judge"      # module:callable(config, baseline_store) -> Judge
-    share_gpu: bool = False                             # judges: others judge on the same GPU (devlock.py)
+    share_device: bool = False                          # judges: others judge on the same GPU (or CPU host)
     gpu_share: float = 1.0                              # judges: the share of a GPU each holds (a Ray actor's)
     parent_pid: int = 0
 

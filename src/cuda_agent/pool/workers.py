@@ -83,12 +83,14 @@ class _JudgeServer:
 
             self.store = SqliteBaselineStore(spec.baseline_db)
         config = spec.config
-        if spec.share_gpu and config.device == "cuda" and config.device_lock is None:
-            # Judges that share a GPU take turns for timed calls through the GPU's lock file; the
-            # GPU is the one this process sees (set by the pool, or by Ray for its actor).
-            from cuda_agent.judge.devlock import gpu_lock_path
+        if spec.share_device and config.device_lock is None:
+            # Judges that share a device take turns for timed calls through its lock file: the GPU
+            # this process sees (set by the pool, or by Ray for its actor), or on the CPU backend
+            # this host, whose cores every candidate's threads share.
+            from cuda_agent.judge.devlock import gpu_lock_path, host_lock_path
 
-            config = config.model_copy(update={"device_lock": gpu_lock_path(os.environ.get("CUDA_VISIBLE_DEVICES"))})
+            lock = gpu_lock_path(os.environ.get("CUDA_VISIBLE_DEVICES")) if config.device == "cuda" else host_lock_path()
+            config = config.model_copy(update={"device_lock": lock})
         self.judge = factory(config, self.store)
 
     def hello(self) -> Hello:
