@@ -87,37 +87,36 @@ def ew_call(x, out):
     n4 = x.numel() // 4
     ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, out, n4])
 
-def timed_ew(src, gated=False):
-    # the judge's own CallTimer (the gate, then events) where `gated`: is it the gate that costs?
+def timed_kernel(src, kernel, gated=False):
+    # plain events around the kernel, or the judge's own CallTimer (the gate, then events): is it
+    # the gate that costs?
     from cuda_agent.judge.timing import CallTimer
-    timer = CallTimer("cuda", gate=gated)
+    timer = CallTimer("cuda") if gated else None
     x = src.view(torch.float32)
     out = torch.empty_like(x)
     times = []
     for _ in range(runs + 3):
         cold.sum()
         torch.cuda.synchronize()
-        timer.start()
-        ew_call(x, out)
-        times.append(timer.stop())
-    return {"ms": statistics.median(times[3:]), "method": timer.method}
+        if timer is not None:
+            timer.start()
+            kernel(x, out)
+            times.append(timer.stop())
+        else:
+            start.record()
+            kernel(x, out)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return {"ms": statistics.median(times[3:]), "method": timer.method if timer else "events"}
 
-def timed_mul_gated(src):
-    from cuda_agent.judge.timing import CallTimer
-    timer = CallTimer("cuda")
-    x = src.view(torch.float32)
-    out = torch.empty_like(x)
-    times = []
-    for _ in range(runs + 3):
-        cold.sum()
-        torch.cuda.synchronize()
-        timer.start()
-        torch.mul(x, 2.0, out=out)
-        times.append(timer.stop())
-    return {"ms": statistics.median(times[3:]), "method": timer.method}
+def mul(x, out):
+    torch.mul(x, 2.0, out=out)
 
-extra = {"ew_own_events": lambda: timed_ew(own), "ew_shared_events": lambda: timed_ew(shared),
-         "ew_shared_gated": lambda: timed_ew(shared, gated=True), "mul_shared_gated": lambda: timed_mul_gated(shared)}
+extra = {"ew_own_events": lambda: timed_kernel(own, ew_call),
+         "ew_shared_events": lambda: timed_kernel(shared, ew_call),
+         "ew_shared_gated": lambda: timed_kernel(shared, ew_call, gated=True),
+         "mul_shared_gated": lambda: timed_kernel(shared, mul, gated=True)}
 conditions = {"own": dict(src=own), "shared": dict(src=shared), "shared_dirty": dict(src=shared, dirty=True),
               "shared_fresh_out": dict(src=shared, fresh_out=True), "shared_profiled": dict(src=shared, profiled=True),
               "own_profiled": dict(src=own, profiled=True)}

@@ -214,7 +214,8 @@ def bench_cmd(
         pool_config = PoolConfig(judge_workers=workers, judges_per_gpu=judges_per_gpu,
                                  compile_workers=compile_workers, time_limit_s=time_limit)
     except ValidationError as exc:
-        _fail(str(explain(PoolConfig, exc, "pool settings (--workers, --judges-per-gpu, --compile-workers, --time-limit)")), 2)
+        _fail(str(explain(PoolConfig, exc,
+                          "pool settings (--workers, --judges-per-gpu, --compile-workers, --time-limit)")), 2)
     client = None
     errors: tuple[type[Exception], ...] = (TaskError, JudgeError, PoolError, DBError)
     if judge_url:

@@ -3,10 +3,10 @@
 Judges that share a GPU (`PoolConfig.judges_per_gpu`), or the CPU backend's judges of one pool
 (`--workers`: their candidates' threads share the host's cores), take the device's lock file
 around every call they make to a candidate: a timed call holds it alone, every other call (checked
-and warm-up calls, the reference's work, the output checks) shares it. So the checks of several candidates run
-at once while no other judge's calls run beside a timed one: a kernel timed beside another
-process's kernels gets the GPU's time slices, not the GPU, and reads several times slower. What runs
-outside the calls (builds, starting a candidate's process) takes no lock.
+and warm-up calls, the reference's work, the output checks) shares it. So the checks of several
+candidates run at once while no other judge's calls run beside a timed one: a kernel timed beside
+another process's kernels gets the GPU's time slices, not the GPU, and reads several times slower.
+What runs outside the calls (builds, starting a candidate's process) takes no lock.
 
 `flock` locks belong to open files, so the lock is released when the holder exits or is killed; a
 judge killed mid-call never leaves its device locked. A turnstile file in front of the lock keeps a
