@@ -124,6 +124,9 @@ def step_summary(records: list[StepRecord]) -> dict:
     return {"steps": len(records), "correct": sum(r.correct for r in records),
             "p50_s": percentile(lat, 50), "p95_s": percentile(lat, 95), "max_s": max(lat),
             "mean_s": mean(lat), "mean_phase_s": phases,
+            # part of `calls`: waiting for a GPU other judges share (--judges-per-gpu), i.e. for
+            # the timed calls of the steps ahead
+            "mean_device_wait_s": mean([r.phase_s.get("calls:device_wait", 0.0) for r in records]),
             "queue_share": phases["pool_queue"] / mean(lat) if mean(lat) > 0 else 0.0,
             "mean_unaccounted_s": max(0.0, mean(lat) - phases["pool_queue"] - judged)}
 
@@ -282,6 +285,7 @@ def main(argv=None) -> int:
         table.add_row("correct", f"{summary['correct']}/{summary['steps']}")
         for k in PHASES:
             table.add_row(f"mean s per step: {k}", f"{summary['mean_phase_s'][k]:.2f}")
+        table.add_row("mean s per step: calls waiting for the device", f"{summary['mean_device_wait_s']:.2f}")
         table.add_row("share of a step waiting in the queue", f"{100 * summary['queue_share']:.0f}%")
         table.add_row("mean s per step outside the judge (transport)", f"{summary['mean_unaccounted_s']:.2f}")
         console.print(table)
@@ -320,6 +324,8 @@ def main(argv=None) -> int:
     table.add_row("compile workers busy", "-" if compile_busy is None else f"{100 * compile_busy:.0f}%")
     for k in PHASES + ("other",):
         table.add_row(f"mean s per candidate: {k}", f"{phases[k]:.2f}")
+    device_wait = mean([v.phase_s.get("calls:device_wait", 0.0) for v in verdicts])
+    table.add_row("mean s per candidate: calls waiting for the device", f"{device_wait:.2f}")
     table.add_row("mean s per candidate: judge_s (build..other)", f"{judge_s:.2f}")
     console.print(table)
 
@@ -333,6 +339,7 @@ def main(argv=None) -> int:
         "unit": unit,
         "correct": sum(v.correct for v in verdicts), "prebuilt_in_time": prebuilt,
         "judge_busy": judge_busy, "compile_busy": compile_busy, "mean_phase_s": phases, "mean_judge_s": judge_s,
+        "mean_device_wait_s": device_wait,
         "failures": [v.failure.model_dump(mode="json") | {"task": v.task_name} for v in verdicts if v.failure],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -206,6 +206,7 @@ def test_two_judges_on_one_device_never_run_a_call_beside_a_timed_one(tmp_path_f
             j.close()
     for v in verdicts:
         assert v is not None and v.correct, (v.failure if v else None, v.notes if v else None)
+        assert 0 <= v.phase_s["calls:device_wait"] <= v.phase_s["calls"], v.phase_s
     modes = [m for m, _, _ in record]
     # per evaluation: 2 checked and 1 warm-up call shared, 5 timed calls alone
     assert modes.count("exclusive") == 10 and modes.count("shared") == 6, modes

@@ -479,12 +479,15 @@ class Judge:
         idle_wall = idle_cpu = 0.0
         idle_mark: tuple[float, int] | None = None
         # Where the calls phase goes (reported as phase_s "calls:*"): the judge's own reference
-        # work, the candidate's side of each call and the judge's checks.
-        split = dict.fromkeys(("reference", "candidate", "check"), 0.0)
+        # work, the candidate's side of each call, the judge's checks, and the wait for a device
+        # that other judges share (their timed calls, or theirs waiting for this one's).
+        split = dict.fromkeys(("reference", "candidate", "check", "device_wait"), 0.0)
         for i, role in enumerate(roles, start=first_index):
             if self._device_lock is not None:
                 held.close()  # the last call's hold; then this one's, alone for a timed call
+                t_wait = time.perf_counter()
                 held.enter_context(self._device_lock.hold(exclusive=role == "timed"))
+                split["device_wait"] += time.perf_counter() - t_wait
             t_ref = time.perf_counter()
             seed = secrets.randbits(63)
             inputs = fresh_inputs(ref, seed, i, dev)
@@ -580,7 +583,8 @@ class Judge:
             idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
         if judged:
             for k, x in split.items():
-                v.phase_s[f"calls:{k}"] = v.phase_s.get(f"calls:{k}", 0.0) + x
+                if k != "device_wait" or self._device_lock is not None:
+                    v.phase_s[f"calls:{k}"] = v.phase_s.get(f"calls:{k}", 0.0) + x
             if expected_checks:
                 v.task_warnings = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
             if setup.ref64_problem and cfg.ref_noise_multiple > 0:
