@@ -16,7 +16,7 @@ timing gate, GPU work only), and the ratio to Nsight Compute. Targets: within 5%
 from 10 us, within 2% from 1 ms, loaded as alone.
 
     python benchmarks/timing_check.py [--out DIR] [--sizes small|all] [--load-all] [--no-ncu]
-                                       [--gate-release process|judge|both]
+                                       [--gate-release process|judge|both] [-c KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -261,9 +261,20 @@ def main() -> int:
     ap.add_argument("--gate-release", default="process",
                     help="who opens a timed call's gate (JudgeConfig.gate_release): process, judge, or "
                          "both (every condition twice; the judge's columns are suffixed '/judge')")
+    ap.add_argument("-c", "--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a JudgeConfig field in every condition, e.g. -c release_writes=host")
     args = ap.parse_args()
     if args.gate_release not in ("process", "judge", "both"):
         ap.error("--gate-release: process, judge or both")
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"-c {item}: expected KEY=VALUE")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
 
     import torch
 
@@ -295,9 +306,10 @@ def main() -> int:
         f.write_text(ew_task(n) if kind == "ew" else mm_task(n))
         tasks[label] = f
     for cond, how, release in plan:
-        cfg = JudgeConfig(device="cuda", compile_mode="none", policy="strict", gate_release=release,
-                          timing_cpus=timing_cpus if how != "loaded-all" else None,
-                          spare_cpus=rest if how != "loaded-all" else None)
+        cfg = JudgeConfig.model_validate({
+            **overrides, "device": "cuda", "compile_mode": "none", "policy": "strict", "gate_release": release,
+            "timing_cpus": timing_cpus if how != "loaded-all" else None,
+            "spare_cpus": rest if how != "loaded-all" else None})
         load = []
         if how == "loaded":
             load = start_load(rest, 10)
@@ -337,7 +349,8 @@ def main() -> int:
     (args.out / "timing_check.md").write_text(table + "\n")
     (args.out / "timing_check.json").write_text(json.dumps({
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cores": len(allowed),
-        "timing_cpus": timing_cpus, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": list(rows.values())}, indent=1))
+        "timing_cpus": timing_cpus, "overrides": overrides, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "rows": list(rows.values())}, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -78,6 +78,13 @@ class JudgeConfig(BaseModel):
                                "longer stretch it). With 'process', a round whose claims the judge's clock "
                                "disagrees with is followed by one with 'judge' (in a fresh process); 'judge' "
                                "for every call costs ~10 us kernels 3-30 us on an H200")
+    release_writes: Literal["device", "host"] = Field(
+        "device", description="with the judge's release (gate_release, or the second round after a "
+                              "disagreement), how the judge writes a call's inputs into the GPU region at the "
+                              "release: 'device' copies them from its GPU memory (work of the judge's CUDA "
+                              "context while the candidate's gate holds the GPU; on the H200 a ~10 us kernel "
+                              "then read 3-30 us slower), 'host' from page-locked host memory staged before "
+                              "the call (the copy engines; slower to write, before the judge's clock starts)")
     device_lock: Path | None = Field(
         None, description="lock file shared by the judges of one device (judge/devlock.py): each timed call "
                           "holds it alone, every other call shares it, so several judges can check candidates "

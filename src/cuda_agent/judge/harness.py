@@ -60,7 +60,7 @@ from .reference import expected64 as reference_expected64
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
 from .supply import WorkerSupply
-from .tensorio import TransportError, pack, packed_end, snapshot, unpack
+from .tensorio import TransportError, pack, packed_end, snapshot, staged, unpack
 from .timing import RELEASE_WAIT_S, reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
 from .verdict_cache import VerdictCache
@@ -530,6 +530,9 @@ class Judge:
                     torch.cuda.synchronize()  # the inputs are in place before the process hears of them
             else:
                 meta = pack(inputs, None, 0, plane.in_size)  # the layout now, the bytes at the release
+                # staged in host memory now, so that the release's write is an H2D copy of the copy
+                # engines rather than kernels of the judge's context beside the candidate's gate
+                source = staged(inputs) if cfg.release_writes == "host" else inputs
             # The kernels a call launches are listed on the checked calls: CUDA's activity tracing adds
             # ~20 us of GPU time per kernel on an H200, which would be timed with the kernel. The
             # operators it runs are observed on every call (observer.cpp), at no such cost.
@@ -539,7 +542,7 @@ class Judge:
             answered = None
             if release is not None:
                 # the judge's clock of the call starts at its release (timing.py)
-                t_send, answered = release_call(session, inputs, release, until, f"call {i}")
+                t_send, answered = release_call(session, source, release, until, f"call {i}")
             reply: CallReply = answered if answered is not None else session.recv(until, f"call {i}")
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3

@@ -183,6 +183,19 @@ def snapshot(value):
     return value
 
 
+def staged(value):
+    """`value` with every tensor in it (containers included) copied to page-locked host memory,
+    contiguous: written later into GPU memory by the copy engines (an H2D copy), with no kernel
+    of the writer's CUDA context."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu").contiguous().pin_memory()
+    if isinstance(value, (list, tuple)):
+        return type(value)(staged(v) for v in value)
+    if isinstance(value, dict):
+        return {k: staged(v) for k, v in value.items()}
+    return value
+
+
 def nbytes_of(values) -> int:
     total = 0
     for v in values:
