@@ -2,7 +2,8 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, fidelity, steps, filestep, start, bench, throughput, synth, probe;
+# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, plane, fidelity, steps, filestep, start,
+# bench, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
@@ -117,6 +118,20 @@ case "$stage" in
     echo "fidelity rc=$?"
     cp "${FID_OUT:-.fidelity}"/fidelity.md "${FID_OUT:-.fidelity}"/fidelity.json "${FID_OUT:-.fidelity}"/verdicts.jsonl "$out/" 2>/dev/null
     grep -v "━" "$out/fidelity.log" | cut -c1-300 | tail -60
+    ;;
+  release)
+    # Who opens the gate, and how the judge writes the inputs at its release: the shared mapping and
+    # the gate probed in a plain process first, then the judge's runtimes of the small sizes with the
+    # process's release, the judge's (inputs written by kernels of its context) and the judge's with
+    # release_writes=host (an H2D copy), alone and loaded.
+    timeout 120 python3 benchmarks/plane_bandwidth.py --sizes-mb 16 128 1024 --runs 12 \
+      --out "$out/plane_bandwidth.json" 2>&1 | grep -v Warn | tail -30
+    timeout ${RELEASE_TIMEOUT:-200} python3 benchmarks/timing_check.py --out "$out/release-device" --sizes small \
+      --gate-release both --no-ncu > "$out/timing_release_device.log" 2>&1
+    echo "device writes rc=$?"; grep -E "^\|" "$out/timing_release_device.log"
+    timeout ${RELEASE_TIMEOUT:-200} python3 benchmarks/timing_check.py --out "$out/release-host" --sizes small \
+      --gate-release judge --no-ncu -c release_writes=host > "$out/timing_release_host.log" 2>&1
+    echo "host writes rc=$?"; grep -E "^\|" "$out/timing_release_host.log"
     ;;
   plane)
     timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
