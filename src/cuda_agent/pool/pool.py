@@ -3,7 +3,9 @@
 Workers:
 * one judge worker per visible GPU (on the CPU backend, `judge_workers` of them, default 1), each
   owning one `Judge`: it keeps its references, baselines and (on CPU) its zygote warm between
-  candidates. A judge evaluates one candidate at a time, in sandboxed processes of its own;
+  candidates. A judge evaluates one candidate at a time, in sandboxed processes of its own. With
+  `judges_per_gpu` > 1 several judges share each GPU and take turns for timed calls through the
+  GPU's lock (`cuda_agent.judge.devlock`), as the CPU backend's judges do through the host's;
 * compile workers that build the candidates waiting in the queue into the judge's content-addressed
   build cache, so that when a judge worker takes the candidate its build is a cache hit.
 
