@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent import pysource
+
 
 class TaskError(ValueError):
     """A task that cannot be used; the message names the file (or row) and the reason."""
@@ -51,7 +53,7 @@ REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 def validate_reference_source(source: str, where: str) -> None:
     """Check statically that `source` is a KernelBench-format reference; raise TaskError."""
     try:
-        tree = ast.parse(source, filename=where)
+        tree = pysource.parse(source, filename=where)
     except SyntaxError as exc:
         raise TaskError(f"{where}: syntax error at line {exc.lineno}: {exc.msg}") from None
     defined: set[str] = set()

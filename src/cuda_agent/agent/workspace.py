@@ -18,6 +18,7 @@ import os
 from importlib.resources import files
 from pathlib import Path
 
+from cuda_agent import pysource
 from cuda_agent.candidate import INFRA_FILES
 from cuda_agent.tasks import Task
 
@@ -61,7 +62,7 @@ def starter_model_new(reference: str) -> str:
     """A skeleton ModelNew: the reference's constructor verbatim (so parameter names, shapes and
     initialisation match, and the judge can copy the reference weights in) and a forward with the
     reference's signature that still has to call the candidate's kernels."""
-    tree = ast.parse(reference)
+    tree = pysource.parse(reference)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     init = forward = None
     if model is not None:

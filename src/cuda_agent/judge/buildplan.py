@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from cuda_agent import pysource
 from cuda_agent.candidate import Candidate
 
 from . import policy as pol
@@ -132,7 +133,7 @@ def plan_build(candidate: Candidate, device: str, policy: str) -> BuildPlan:
     """The judge's plan for `candidate`: load checks, then policy, then the specs to build."""
     plan = BuildPlan(device=device, policy=policy)
     try:
-        tree = ast.parse(candidate.model_new)
+        tree = pysource.parse(candidate.model_new)
     except SyntaxError as exc:
         plan.load_error = f"model_new: syntax error at line {exc.lineno}: {exc.msg}"
         return plan

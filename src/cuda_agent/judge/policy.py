@@ -20,6 +20,8 @@ from __future__ import annotations
 import ast
 import re
 
+from cuda_agent import pysource
+
 # ---------------------------------------------------------------------------------------------
 # Python
 
@@ -110,7 +112,7 @@ def method_self_nodes(tree: ast.Module) -> set[int]:
 
 def check_python(source: str, policy: str) -> list[str]:
     """Violations in a candidate module (assumes it parses; syntax errors are reported elsewhere)."""
-    tree = ast.parse(source)
+    tree = pysource.parse(source)
     strict = policy == "strict"
     allowed_imports = ALLOWED_IMPORTS_STRICT if strict else ALLOWED_IMPORTS_LENIENT
     out: list[str] = []
@@ -140,7 +142,7 @@ def check_python(source: str, policy: str) -> list[str]:
     for node in ast.walk(tree):
         for ann in _string_annotations(node):
             try:
-                expr = ast.parse(ann.value, mode="eval")
+                expr = pysource.parse(ann.value, mode="eval")
             except SyntaxError:
                 add(ann, "a string annotation that is not an expression is not allowed")
                 continue

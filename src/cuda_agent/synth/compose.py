@@ -15,7 +15,6 @@ output is only a candidate and goes through the same static and execution filter
 
 from __future__ import annotations
 
-import ast
 import math
 import os
 import random
@@ -27,6 +26,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent import pysource
 from cuda_agent.tasks import TaskError, validate_reference_source
 
 from .seeds import SeedOp, base_namespace
@@ -465,7 +465,7 @@ class LLMComposer:
         code = extract_code(text)
         try:
             validate_reference_source(code, f"llm seed {seed}")
-            ast.parse(code)
+            pysource.parse(code)
         except (TaskError, SyntaxError) as exc:
             raise ComposeError(f"LLM output is not a KernelBench module: {exc}") from None
         ops = tuple(s.name for s in picked)

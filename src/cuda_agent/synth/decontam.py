@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent import pysource
 from cuda_agent.tasks import TaskError, validate_reference_source
 
 KEEP_NAMES = {"torch", "nn", "F", "math", "Model", "forward", "__init__", "get_inputs", "get_init_inputs", "self",
@@ -105,7 +106,7 @@ class _Normaliser(ast.NodeTransformer):
 
 
 def normalised_tree(source: str, anonymous: bool = False) -> ast.Module:
-    tree = ast.parse(source)
+    tree = pysource.parse(source)
     tree.body = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))]
     _strip_docstrings(tree)
     return _Normaliser(anonymous).visit(tree)
@@ -198,7 +199,7 @@ def operator_sequence(source: str) -> list[str]:
     """The static operator sequence of `Model.forward` (the class an alias names, its bases in the
     file, module-level helpers it calls, one level deep)."""
     try:
-        tree = ast.parse(source)
+        tree = pysource.parse(source)
     except SyntaxError:
         return []
     model = _model_class(tree)

@@ -20,6 +20,8 @@ import re
 import textwrap
 from collections.abc import Iterable
 
+from cuda_agent import pysource
+
 from .seeds import ArgSpec, CrawlReport, SeedOp, _skip
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "t5", "mixtral", "cohere",
@@ -36,7 +38,7 @@ def _source_without_decorators(obj) -> str | None:
         src = textwrap.dedent(inspect.getsource(obj))
     except (OSError, TypeError):
         return None
-    tree = ast.parse(src)
+    tree = pysource.parse(src)
     for node in ast.walk(tree):
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             node.decorator_list = []
