@@ -214,3 +214,36 @@ def test_two_judges_on_one_device_never_run_a_call_beside_a_timed_one(tmp_path_f
         for n, b0, b1 in record[i + 1:]:
             if "exclusive" in (m, n):
                 assert a1 <= b0 or b1 <= a0, f"a {m} hold overlapped a {n} one"
+
+
+def test_ray_places_judges_per_gpu_as_fractions_of_a_gpu(monkeypatch):
+    """The Ray transport's arithmetic without a cluster: K judges per GPU of the cluster, each an
+    actor asking for 1/K of a GPU (Ray then sets its CUDA_VISIBLE_DEVICES, which names the lock)."""
+    from types import SimpleNamespace
+
+    from cuda_agent.judge import JudgeConfig
+    from cuda_agent.pool import ray_transport as rt
+    from cuda_agent.pool.transport import PlacementError, WorkerSpec
+
+    monkeypatch.setattr(rt, "_ray", lambda: SimpleNamespace(cluster_resources=lambda: {"GPU": 2.0, "CPU": 32.0}))
+    transport = rt.RayTransport.__new__(rt.RayTransport)  # no Ray instance: only placement and start
+    cuda = JudgeConfig(device="cuda")
+    assert transport.placement(cuda, None, None, judges_per_gpu=3).judges == 6
+    assert transport.placement(cuda, None, None).judges == 2
+    with pytest.raises(PlacementError, match="judges-per-gpu"):
+        transport.placement(cuda, 7, None, judges_per_gpu=3)
+
+    asked: list[dict] = []
+
+    class _Actor:
+        hello = SimpleNamespace(remote=lambda: "hello-ref")
+
+    class _ActorClass:
+        def options(self, **kw):
+            asked.append(kw)
+            return SimpleNamespace(remote=lambda spec, store: _Actor())
+
+    transport._actor_cls = _ActorClass()
+    for share in (1 / 3, 1.0):
+        transport.start(WorkerSpec(role="judge", slot=0, config=cuda, share_device=share < 1, gpu_share=share))
+    assert [a["num_gpus"] for a in asked] == [pytest.approx(1 / 3), 1.0]
