@@ -57,12 +57,13 @@ class JudgeConfig(BaseModel):
     ref_noise_multiple: float = Field(
         16.0, ge=0, description="on checked calls the reference also runs in float64; the candidate's "
                                 "relative L2 error against that may be this many times the fp32 reference's own "
-                                "(never below max_rel_l2, never above max_rel_l2_ceiling). Measured: fp32 "
-                                "reorderings 0.5-9x, fp16/TF32 operands ~1000x, bf16 ~8000x. 0: fixed bound "
+                                "(never below max_rel_l2, never above max_rel_l2_ceiling plus that error). "
+                                "Measured: fp32 reorderings 0.5-9x, fp16/TF32 operands ~1000x, bf16 ~8000x. 0: fixed bound "
                                 "against the reference only, no float64 evaluation")
     max_rel_l2_ceiling: float = Field(
-        1e-2, gt=0, description="largest relative L2 bound a noisy (ill-conditioned) reference can widen the "
-                                "bound to; far below what zero (1.0) or constant outputs give")
+        1e-2, gt=0, description="how far a noisy (ill-conditioned) reference can widen the relative L2 bound: "
+                                "to this plus the reference's own error (so a faithful copy of the reference "
+                                "passes); far below what zero (1.0) or constant outputs give")
     n_check: int = Field(5, ge=1, description="input sets used for the correctness verdict")
     n_warmup: int = Field(3, ge=0, description="warm-up calls (fresh inputs, outputs checked too)")
     n_timed: int = Field(20, ge=3, description="timed calls, each with fresh inputs, each output checked")

@@ -589,7 +589,9 @@ class Judge:
                 if k != "device_wait" or self._device_lock is not None:
                     v.phase_s[f"calls:{k}"] = v.phase_s.get(f"calls:{k}", 0.0) + x
             if expected_checks:
-                v.task_warnings = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
+                # kept: warnings the checked calls raised (an ill-conditioned reference)
+                found = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
+                v.task_warnings = found + [w for w in v.task_warnings if w not in found]
             if setup.ref64_problem and cfg.ref_noise_multiple > 0:
                 note = f"no float64 reference ({setup.ref64_problem}): fixed relative L2 bounds"
                 if note not in v.notes:
@@ -651,6 +653,12 @@ class Judge:
                         f"applies; the elementwise tolerance alone decides")
                 if note not in v.notes:
                     v.notes.append(note)
+            if cmp.over_ceiling:
+                outs = ", ".join(map(str, cmp.over_ceiling))
+                warning = (f"output(s) {outs}: ill-conditioned: the reference's own error against float64 exceeds "
+                           f"the ceiling {cfg.max_rel_l2_ceiling:g}, so the bound is the ceiling plus that error")
+                if warning not in v.task_warnings:
+                    v.task_warnings.append(warning)
         if cmp.ok and len(expected) == 1 and isinstance(expected[0], torch.Tensor) \
                 and reply.get("structure") != "tensor":
             cmp = type(cmp)(False, f"output is a {reply.get('structure')}, expected a single tensor")
