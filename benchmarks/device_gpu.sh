@@ -113,8 +113,10 @@ case "$stage" in
     # fresh machine, put the verdicts.jsonl a call brought back into .fidelity/ and carry that
     # folder: only what it lacks is judged (the builds are redone). On an H200 a published
     # load_inline solution takes ~95 s to build with 14 builds at once, so 300 take about 35 minutes of device time (two or three calls).
+    # benchmarks/fidelity_reviewed.json: the refusals classified by reading the solution's source.
     timeout ${FID_TIMEOUT:-560} python3 benchmarks/fidelity.py --corpus .corpus --out "${FID_OUT:-.fidelity}" \
-      --time-budget ${FID_BUDGET:-7} ${FID_ARGS:-} > "$out/fidelity.log" 2>&1
+      --time-budget ${FID_BUDGET:-7} --explain benchmarks/fidelity_reviewed.json ${FID_ARGS:-} \
+      > "$out/fidelity.log" 2>&1
     echo "fidelity rc=$?"
     cp "${FID_OUT:-.fidelity}"/fidelity.md "${FID_OUT:-.fidelity}"/fidelity.json "${FID_OUT:-.fidelity}"/verdicts.jsonl "$out/" 2>/dev/null
     grep -v "━" "$out/fidelity.log" | cut -c1-300 | tail -60

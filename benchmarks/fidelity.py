@@ -11,7 +11,7 @@ the number in that name decides (and a disagreement is reported).
     python benchmarks/fidelity.py --corpus CORPUS/docs/assets --out fidelity-h200
     python benchmarks/fidelity.py --corpus ... --out ... --sample 60 --seed 1 --ncu-sample 8
     python benchmarks/fidelity.py --corpus ... --out ... --time-budget 8     # again until all are judged
-    python benchmarks/fidelity.py --corpus ... --out ... --report-only --explain reviewed.json
+    python benchmarks/fidelity.py --corpus ... --out ... --report-only --explain benchmarks/fidelity_reviewed.json
     python benchmarks/fidelity.py --corpus ... --out ... --prescreen       # static checks only, no device
     python benchmarks/fidelity.py --corpus ... --out ... --rejudge 'l3_p15_*'  # after a judge fix
 
@@ -23,7 +23,9 @@ the number in that name decides (and a disagreement is reported).
 2. The share judged correct, overall and per level; every rejection is classified by explicit
    rules over the verdict's failure category and message (`RULES` below) into `solution_error`,
    `hack`, `policy_difference` or `judge_problem`; `--explain FILE` (JSON: record key -> {"class",
-   "reason"}) overrides the rules for records a person has reviewed.
+   "reason"}) overrides the rules for refusals a person has reviewed (`fidelity_reviewed.json`: the
+   ones whose source shows a cause the rules cannot see, such as eval-mode BatchNorm in a training-
+   mode task); a review never turns a pass into anything else.
 3. Spearman's rank correlation of the judge's speed-up over eager with the leaderboard's recorded
    `torch_speedup`, over the records judged correct on both sides.
 4. `--ncu-sample K` (CUDA, `ncu` on PATH): K correct solutions are run under Nsight Compute in a
@@ -463,8 +465,10 @@ _NORMWISE = re.compile(r"relative L2 error ([0-9.eE+-]+|inf|nan) (?:against the 
                        r"(?:the bound )?([0-9.eE+-]+)")
 # The noise-scaled bound's message: the error, the bound, and the float32 reference's own error
 # against float64 (its rounding noise), from `cuda_agent.judge.compare`.
+# (Older verdicts write the bound as clamp(M x NOISE, FLOOR, CEILING), newer ones as
+# min(max(FLOOR, M x NOISE), CEILING + NOISE).)
 _NOISE = re.compile(r"relative L2 error ([0-9.eE+-]+) against the float64 reference exceeds the bound "
-                    r"([0-9.eE+-]+) = clamp\([0-9.eE+-]+ x ([0-9.eE+-]+),")
+                    r"([0-9.eE+-]+) = (?:clamp\(|min\(max\([0-9.eE+-]+, )[0-9.eE+-]+ x ([0-9.eE+-]+)[,)]")
 KERNELBENCH_TOL = 1e-2   # KernelBench's atol = rtol: what the leaderboard accepted
 APPROX_FACTOR = 1000.0   # an error this many times the reference's own rounding noise is no reordering
 
@@ -517,6 +521,10 @@ RULES: tuple[Rule, ...] = (
          pattern=r"flags not allowed"),
     Rule("wrong-backend", "judge_problem", ("compile",), "CUDA sources judged on the CPU backend",
          pattern=r"CUDA sources cannot be built for the CPU backend"),
+    Rule("removed-torch-api", "solution_error", ("compile",),
+         "uses a PyTorch C++ API the installed PyTorch no longer has (Tensor::type() given to AT_DISPATCH_*, "
+         "deprecated since 1.x): it compiled against the leaderboard's older PyTorch",
+         pattern=r"DeprecatedTypeProperties"),
     Rule("compile-error", "solution_error", ("compile",), "the solution's code does not compile"),
     Rule("reference-fallback", "hack", ("policy",), "ModelNew falls back on the reference Model",
          pattern=r"must derive from nn\.Module, not|reference Model may not be used"),
@@ -856,7 +864,7 @@ def build_report(corpus: Corpus, records: list[Record], results: dict[str, dict]
             continue
         rule_cls, rule, reason = classify(entry, cfg)
         cls, reviewed = rule_cls, False
-        if r.key in explain:
+        if r.key in explain and rule_cls != "correct":  # a review explains a refusal, never overrides a pass
             cls, reason, reviewed = explain[r.key]["class"], explain[r.key]["reason"], True
         kind, message = result_kind_and_message(entry) if rule_cls != "correct" else ("", "")
         v = entry.get("verdict") or {}

@@ -299,6 +299,8 @@ def verdict_entry(category: str | None, message: str = "", correct: bool = False
 @pytest.mark.parametrize("category,message,cls,rule", [
     ("compile", "error: 'y' was not declared in this scope\n  return y;", "solution_error", "compile-error"),
     ("compile", "compiler/linker flags not allowed: -lcublas_static", "judge_problem", "build-flags"),
+    ("compile", 'cuda.cu(59): error: no suitable conversion function from "const at::DeprecatedTypeProperties" '
+                'to "c10::ScalarType" exists', "solution_error", "removed-torch-api"),
     ("compile", "CUDA sources cannot be built for the CPU backend", "judge_problem", "wrong-backend"),
     ("compile_timeout", "build exceeded 300 s", "judge_problem", "build-time-limit"),
     ("mismatch", "call 0 (checked): output: 5000 of 65536 values outside atol=0.01, rtol=0.01 (max abs error 0.03; "
@@ -317,6 +319,12 @@ def verdict_entry(category: str | None, message: str = "", correct: bool = False
     ("mismatch", "call 0 (checked): output: relative L2 error 0.00023 against the float64 reference exceeds the "
                  "bound 0.00016 = clamp(16 x 1e-05, 0.0001, 0.01), 1e-05 being the float32 reference's own error",
      "judge_problem", "near-tolerance"),
+    ("mismatch", "call 0 (checked): output: relative L2 error 0.000198 against the float64 reference exceeds the "
+                 "bound 0.0001 = min(max(0.0001, 16 x 3.8e-08), 0.01 + 3.8e-08), 3.8e-08 being the float32 "
+                 "reference's own error", "policy_difference", "approximation"),
+    ("mismatch", "call 0 (checked): output: relative L2 error 0.00023 against the float64 reference exceeds the "
+                 "bound 0.00016 = min(max(0.0001, 16 x 1e-05), 0.01 + 1e-05), 1e-05 being the float32 reference's "
+                 "own error", "judge_problem", "near-tolerance"),
     ("mismatch", "call 0 (checked): output: relative L2 error 0.8 against the float64 reference exceeds the "
                  "bound 0.0001 = clamp(16 x 3.8e-08, 0.0001, 0.01), 3.8e-08 being the float32 reference's own error",
      "solution_error", "wrong-results"),
@@ -351,6 +359,13 @@ def test_rules(category, message, cls, rule):
     got_cls, got_rule, reason = fid.classify(verdict_entry(category, message), {"near_factor": 10.0})
     assert (got_cls, got_rule) == (cls, rule)
     assert reason
+
+
+def test_the_bundled_reviews_are_valid_and_explain_only_refusals():
+    # benchmarks/fidelity_reviewed.json is what the device script passes to --explain
+    reviews = fid.load_explain(REPO / "benchmarks" / "fidelity_reviewed.json")
+    assert reviews and all(r["class"] != "correct" and len(r["reason"]) > 40 for r in reviews.values())
+    assert all(re.fullmatch(r"l[123]_p\d+_[\w.-]+", key) for key in reviews)
 
 
 def test_rules_for_results_without_a_verdict():
@@ -628,7 +643,9 @@ def test_end_to_end_on_cpu_classifies_resumes_and_reports(tmp_path, tmp_path_fac
     # Reviewed records: --explain overrides the rules in a report that judges nothing.
     explain = tmp_path / "explain.json"
     explain.write_text(json.dumps({"l1_p1_model-e": {"class": "solution_error",
-                                                     "reason": "adds 0.03 to every output: a real bug"}}))
+                                                     "reason": "adds 0.03 to every output: a real bug"},
+                                   # a stale review of a record now judged correct changes nothing
+                                   "l2_p5_model-f": {"class": "solution_error", "reason": "was wrong once"}}))
     reviewed = run_script(*common, "--report-only", "--explain", str(explain), "--sample", "3", "--seed", "1")
     assert reviewed.returncode == 0, reviewed.stderr[-4000:]
     report = json.loads((out / "fidelity.json").read_text())
@@ -642,6 +659,8 @@ def test_end_to_end_on_cpu_classifies_resumes_and_reports(tmp_path, tmp_path_fac
     assert (e["class"], e["rule_class"], e["reviewed"]) == ("solution_error", "judge_problem", True)
     assert e["reason"] == "adds 0.03 to every output: a real bug"
     assert report["reviewed"] == 1 and report["overall"]["classes"]["judge_problem"] == 0
+    f = next(x for x in report["records"] if x["key"] == "l2_p5_model-f")
+    assert (f["class"], f["reviewed"]) == ("correct", False)
 
 
 @pytest.mark.slow
