@@ -40,13 +40,13 @@ def test_not_compiled():
     r = reward_of(verdict(compiled=False, correct=False,
                           failure=Failure(category=FailureCategory.COMPILE, message="nvcc: error")))
     assert r.value == -1
-    assert "compile" in r.reason
+    assert "build" in r.reason
 
 
 def test_not_compiled_beats_everything_else():
     # Even with impossible "fast and correct" inputs, an uncompiled candidate scores -1.
     r = score(compiled=False, speedup_vs_eager=10.0, speedup_vs_compile=10.0)
-    assert r.value == -1 and r.reason == "did not compile"
+    assert r.value == -1 and r.reason == "did not build or load"
 
 
 def test_policy_violation_is_fail_even_if_correct_and_fast():

@@ -1,6 +1,6 @@
 """Milestone reward of CUDA Agent as a pure function of a verdict's measurements.
 
--1: did not compile, wrong, or broke the policy; 1: correct; 2: correct and *rewarded faster* than
+-1: did not build or load, wrong, or broke the policy; 1: correct; 2: correct and *rewarded faster* than
 eager PyTorch; 3: correct and rewarded faster than both eager PyTorch and torch.compile (beating a
 torch.compile that is slower than eager, while losing to eager, is no top milestone: the kernel
 would still be the slowest way to run the task). "Rewarded faster" means a speed-up
@@ -26,7 +26,7 @@ class RewardConfig(BaseModel):
     settings file, or `-c reward.FIELD=value` on the commands that score."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    fail: float = Field(-1.0, description="did not compile, incorrect, a failure, or a policy violation")
+    fail: float = Field(-1.0, description="did not build or load, incorrect, a failure, or a policy violation")
     correct: float = Field(1.0, description="correct, not rewarded faster than eager PyTorch")
     rewarded_faster_than_eager: float = Field(
         2.0, description="correct and at least eager_margin faster than eager PyTorch")
@@ -77,7 +77,7 @@ def milestone_reward(
 ) -> Reward:
     """Pure scoring: no I/O, no global state. The verdict carries the inputs."""
     if not compiled:
-        return Reward(value=config.fail, reason="did not compile")
+        return Reward(value=config.fail, reason="did not build or load")
     if policy_violations:
         return Reward(value=config.fail, reason=f"policy: {policy_violations[0]}")
     if failed or not correct:
