@@ -2,7 +2,7 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, plane, fidelity, steps, filestep, start,
+# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, plane, fidelity, steps, filestep, start,
 # bench, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
@@ -134,6 +134,16 @@ case "$stage" in
     timeout ${RELEASE_TIMEOUT:-200} python3 benchmarks/timing_check.py --out "$out/release-host" --sizes small \
       --gate-release judge --no-ncu -c release_writes=host > "$out/timing_release_host.log" 2>&1
     echo "host writes rc=$?"; grep -E "^\|" "$out/timing_release_host.log"
+    ;;
+  flush)
+    # The second flush once a call's inputs are written (JudgeConfig.flush_after_inputs) beside the
+    # default, each against Nsight Compute, on the small sizes (alone and loaded): inputs under the
+    # L2's size read from it without the second flush, larger ones write their dirty lines back.
+    for v in false true; do
+      timeout ${FLUSH_TIMEOUT:-240} python3 benchmarks/timing_check.py --out "$out/flush-$v" --sizes small \
+        -c flush_after_inputs=$v > "$out/timing_flush_$v.log" 2>&1
+      echo "flush_after_inputs=$v rc=$?"; grep -E "^\|" "$out/timing_flush_$v.log"
+    done
     ;;
   plane)
     timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200

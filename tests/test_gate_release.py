@@ -165,12 +165,13 @@ def judges(tmp_path_factory):
     cache_dir = judge_cache_dir(tmp_path_factory, "gate-release-cache")
     created: dict[str, Judge] = {}
 
-    def get(release: str, writes: str = "device") -> Judge:
-        if (release, writes) not in created:
-            created[release, writes] = Judge(JudgeConfig(device="cuda", compile_mode="none", n_timed=10,
-                                                         cache_dir=cache_dir, call_timeout_s=20.0,
-                                                         gate_release=release, release_writes=writes))
-        return created[release, writes]
+    def get(release: str, writes: str = "device", **more) -> Judge:
+        key = (release, writes, *sorted(more.items()))
+        if key not in created:
+            created[key] = Judge(JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=cache_dir,
+                                             call_timeout_s=20.0, gate_release=release, release_writes=writes,
+                                             **more))
+        return created[key]
 
     yield get
     for j in created.values():
@@ -239,3 +240,20 @@ def test_inputs_written_from_host_memory_at_the_release(judges, name):
     print(f"{name}: runtime {v.runtime.median_ms if v.runtime else None} ms ({v.runtime.source if v.runtime else None})")
     assert v.correct and v.failure is None and reward_of(v).value >= 1, (v.failure, v.notes)
     assert v.runtime.source != "outside", (v.runtime, v.notes)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [FIXTURES / "cuda" / "honest" / "softmax_rows.py",
+                                  FIXTURES / "cuda" / "honest" / "matmul_tiled.py",
+                                  FIXTURES / "cuda" / "hacks" / "timer_peek_next_inputs.py"], ids=lambda p: p.name)
+def test_a_second_flush_once_the_inputs_are_written(judges, path):
+    # flush_after_inputs: the process flushes the L2 again after the judge wrote the call's inputs,
+    # before its clock starts; honest kernels keep passing on the gate's time, hacks keep failing
+    v = _judge(judges("process", flush_after_inputs=True), path)
+    print(f"{path.name}: correct={v.correct} runtime={v.runtime.median_ms if v.runtime else None} ms notes={v.notes}")
+    if read_header(path).get("expect") == "fail":
+        assert reward_of(v).value == -1 and not v.correct, (v.failure, v.notes)
+    else:
+        assert v.correct and v.failure is None and reward_of(v).value >= 1, (v.failure, v.notes)
+        assert v.runtime.source != "outside", (v.runtime, v.notes)

@@ -70,6 +70,14 @@ class JudgeConfig(BaseModel):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "none"] = Field(
         "default", description="torch.compile mode of the compiled baseline; 'none' skips it")
     flush_l2: bool = Field(True, description="overwrite the cache between calls so every call starts cold")
+    flush_after_inputs: bool = Field(
+        False, description="CUDA, with flush_l2: flush again once a call's inputs are written (before its clock "
+                           "in the process starts), so their last lines are not left dirty in the L2 as "
+                           "Nsight Compute's flush never leaves them: the judge writes the inputs after the "
+                           "untimed flush, and a memory-bound kernel then reads some from the L2 (inputs under "
+                           "its size) or pays to write them back (larger ones). Costs one read of twice the L2 "
+                           "per call on the judge's clock, which the null baseline includes. Not with the "
+                           "judge's release, whose inputs arrive after the call has started")
     gate_release: Literal["process", "judge"] = Field(
         "process", description="CUDA, GPU region: who opens a timed call's gate. 'process': the candidate's "
                                "process, once forward has enqueued its work; the judge's clock then spans the "

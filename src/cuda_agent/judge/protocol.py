@@ -60,6 +60,7 @@ class InitRequest(TypedDict):
     state_names: list[str]
     init_seed: int
     flush: bool
+    flush_inputs: bool             # CUDA: flush again once a call's inputs are in place (JudgeConfig)
     trusted: bool                  # a reference or baseline: no candidate policy
     observer: str                  # the judge's operator observer library
     policy: str

@@ -310,6 +310,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if not init.get("trusted") and init.get("policy", "strict") == "strict":
             sealed.update(obs.bridge_numpy(torch, lambda: observer.mark(obs.NUMPY_MARK)))
         flusher = CacheFlusher(device, init.get("flush", True))
+        flush_inputs = bool(init.get("flush_inputs")) and device == "cuda" and flusher.buf is not None
         # The gate's release word lives in the data plane's control page, which the judge writes:
         # with the GPU region, the judge reveals a call's inputs and opens its gate itself.
         timer = CallTimer(device, control_address=plane.control_address() if shared is not None else None)
@@ -416,6 +417,12 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # Views of the judge's memory (the GPU region, or on the CPU the host plane), so any
             # write to them shows there; only CUDA over the host plane needs the echo.
             inputs = unpack(msg["inputs"], calls, 0, plane.in_size, device, share=device == "cpu")
+            release = msg.get("release") if device == "cuda" else None
+            release = int(release) if isinstance(release, int) and not isinstance(release, bool) else None
+            if flush_inputs and release is None:
+                # `prepare` flushed before the inputs were written: their last lines sit dirty in the
+                # L2. Flushed again (before the observer's take, so its ops are not the candidate's).
+                flusher.flush()
             # Every call is observed the same way: the operators it ran (observer.cpp) and, on
             # CUDA, the kernels it launched (the profiler's CUDA activity).
             prof = None
@@ -429,8 +436,6 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # has enqueued its work ("enqueued"), so its own clock of the call starts there and
             # excludes the host's enqueueing, as the gated time does. Without a gate to hold the
             # work, the process waits for the release before it runs forward at all.
-            release = msg.get("release") if device == "cuda" else None
-            release = int(release) if isinstance(release, int) and not isinstance(release, bool) else None
             told = False
             if release is not None and not timer.can_hold():
                 chan.send({"ok": True, "op": "enqueued", "early": False})
