@@ -12,7 +12,9 @@ from about 10 us to about 100 ms:
    call, clocks left as they are; the runtime is the summed `gpu__time_duration` of a forward.
 
 It prints, per size, the judge's runtime in each condition, how it was timed (`gated`: behind the
-timing gate, GPU work only), and the ratio to Nsight Compute. Targets: within 5% of Nsight Compute
+timing gate, GPU work only), and the ratio to Nsight Compute; with `nvidia-smi`, also the GPU's SM
+clock, power and temperature while each was measured (in the JSON: a long compute-bound kernel
+timed back to back can run at lower clocks than one replayed under Nsight Compute). Targets: within 5% of Nsight Compute
 from 10 us, within 2% from 1 ms, loaded as alone.
 
     python benchmarks/timing_check.py [--out DIR] [--sizes small|all] [--load-all] [--no-ncu]
@@ -232,6 +234,50 @@ with torch.no_grad():
 """
 
 
+class GpuClocks:
+    """The GPU's SM clock and power while a block runs, sampled by `nvidia-smi` every 50 ms: a
+    long compute-bound kernel timed back to back can run at lower clocks (power or heat) than
+    the same kernel replayed once under Nsight Compute. Nothing is sampled without nvidia-smi."""
+
+    FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu")
+
+    def __enter__(self) -> "GpuClocks":
+        self.samples: list[list[float]] = []
+        exe = shutil.which("nvidia-smi")
+        gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        self.proc = subprocess.Popen(
+            [exe, f"--query-gpu={','.join(self.FIELDS)}", "--format=csv,noheader,nounits", "-lms", "50", "-i", gpu],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) if exe else None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            out, _ = self.proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        for line in out.splitlines():
+            try:
+                values = [float(x) for x in line.split(",")]
+            except ValueError:
+                continue  # "[N/A]" and the like
+            if len(values) == len(self.FIELDS):
+                self.samples.append(values)
+
+    def summary(self) -> dict | None:
+        if not self.samples:
+            return None
+        import statistics
+
+        col = list(zip(*self.samples))
+        return {"samples": len(self.samples), "sm_mhz_median": statistics.median(col[0]), "sm_mhz_min": min(col[0]),
+                "mem_mhz_median": statistics.median(col[1]), "power_w_max": max(col[2]),
+                "temp_c_max": max(col[3])}
+
+
 def ncu_ms(lib: Path, ws: Path, task_file: Path, calls: int = 5) -> float | None:
     """Summed gpu__time_duration of the profiled forwards, per forward (ms)."""
     ncu = shutil.which("ncu")
@@ -318,20 +364,23 @@ def main() -> int:
         try:
             with Judge(cfg) as judge:
                 for label, kind, _ in cases:
-                    v = judge.evaluate(load_task_file(tasks[label]), Candidate.from_path(wss[kind]))
+                    with GpuClocks() as clocks:
+                        v = judge.evaluate(load_task_file(tasks[label]), Candidate.from_path(wss[kind]))
                     row = rows[label]
                     row[cond] = {"correct": v.correct, "reward": reward_of(v).value,
                                  "runtime_ms": v.runtime.median_ms if v.runtime else None,
                                  "min_ms": v.runtime.min_ms if v.runtime else None,
-                                 "source": v.runtime.source if v.runtime else None,
+                                 "source": v.runtime.source if v.runtime else None, "gpu": clocks.summary(),
                                  "notes": v.notes, "failure": v.failure.message[:300] if v.failure else None}
                     print(f"{cond:10s} {label:9s} {row[cond]['runtime_ms']} ms ({row[cond]['source']}) "
-                          f"correct={v.correct} {'; '.join(v.notes)[:200]}", flush=True)
+                          f"correct={v.correct} gpu={clocks.summary()} {'; '.join(v.notes)[:200]}", flush=True)
                     if cond == "alone" and not args.no_ncu:
                         spec = workspace_spec(Candidate.from_path(wss[kind]).kernels, f"ws:timing-{kind}", "cuda")
                         lib = judge.builder.build(spec).library
-                        row["ncu_ms"] = ncu_ms(lib, wss[kind], tasks[label])
-                        print(f"{'ncu':10s} {label:9s} {row['ncu_ms']} ms", flush=True)
+                        with GpuClocks() as clocks:
+                            row["ncu_ms"] = ncu_ms(lib, wss[kind], tasks[label])
+                        row["ncu_gpu"] = clocks.summary()
+                        print(f"{'ncu':10s} {label:9s} {row['ncu_ms']} ms gpu={row['ncu_gpu']}", flush=True)
         finally:
             stop_load(load)
     lines = ["| case | ncu ms | " + " | ".join(f"{c} ms (how) | {c}/ncu" for c in conditions) + " |",

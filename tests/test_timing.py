@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,25 @@ def test_ncu_csv_is_summed_per_forward():
     ])
     assert abs(mod.ncu_ms_per_forward(text, calls=2) - (1.86051 + 1.86 + 0.0096) / 2) < 1e-9
     assert mod.ncu_ms_per_forward("==ERROR== no kernels were profiled", calls=5) is None
+
+
+def test_gpu_clocks_are_sampled_from_nvidia_smi_while_a_block_runs(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("timing_check", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fake = tmp_path / "nvidia-smi"  # what `--format=csv,noheader,nounits -lms 50` prints, then waits
+    fake.write_text("#!/bin/sh\necho '1980, 2619, 450.50, 60'\necho '[N/A], 2619, [N/A], 61'\n"
+                    "echo '1755, 2619, 690.10, 71'\necho '1800, 2619, 700.00, 72'\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with mod.GpuClocks() as clocks:
+        time.sleep(0.5)
+    assert clocks.summary() == {"samples": 3, "sm_mhz_median": 1800.0, "sm_mhz_min": 1755.0,
+                                "mem_mhz_median": 2619.0, "power_w_max": 700.0, "temp_c_max": 72.0}
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    with mod.GpuClocks() as nothing:
+        pass
+    assert nothing.summary() is None
 
 
 def test_a_single_threaded_claim_cannot_fall_below_its_own_threads_cpu_time():
