@@ -143,6 +143,7 @@ case "$stage" in
       timeout ${FLUSH_TIMEOUT:-240} python3 benchmarks/timing_check.py --out "$out/flush-$v" --sizes small \
         -c flush_after_inputs=$v > "$out/timing_flush_$v.log" 2>&1
       echo "flush_after_inputs=$v rc=$?"; grep -E "^\|" "$out/timing_flush_$v.log"
+      grep -oE "^[a-z/-]+ +[A-Za-z0-9-]+ .*markers=\{[^}]*\}" "$out/timing_flush_$v.log" | sed 's/ correct=True//' | cut -c1-200
     done
     ;;
   plane)

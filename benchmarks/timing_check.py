@@ -14,7 +14,9 @@ from about 10 us to about 100 ms:
 It prints, per size, the judge's runtime in each condition, how it was timed (`gated`: behind the
 timing gate, GPU work only), and the ratio to Nsight Compute; with `nvidia-smi`, also the GPU's SM
 clock, power and temperature while each was measured (in the JSON: a long compute-bound kernel
-timed back to back can run at lower clocks than one replayed under Nsight Compute). Targets: within 5% of Nsight Compute
+timed back to back can run at lower clocks than one replayed under Nsight Compute), and the
+timed calls' median time between their start and end markers, with how many were timed longer
+because the device looked busy past the end marker. Targets: within 5% of Nsight Compute
 from 10 us, within 2% from 1 ms, loaded as alone.
 
     python benchmarks/timing_check.py [--out DIR] [--sizes small|all] [--load-all] [--no-ncu]
@@ -234,6 +236,21 @@ with torch.no_grad():
 """
 
 
+def markers(calls) -> dict:
+    """What the gated timed calls' markers say: the median time from the start marker to the end
+    marker, and how many calls were timed longer because the device looked busy past the end
+    marker (CallTimer.stop: the idle marker, less the host's reaction, beyond the slack). An honest
+    kernel on one stream should have none; many means the host's reaction after a long wait is
+    read as work."""
+    import statistics
+
+    timed = [c for c in calls if c.role == "timed" and c.stream_ms is not None and c.inside_ms is not None]
+    if not timed:
+        return {"stream_ms": None, "past_end": None}
+    past = sum(c.inside_ms > c.stream_ms * 1.0001 + 1e-6 for c in timed)
+    return {"stream_ms": statistics.median(c.stream_ms for c in timed), "past_end": f"{past}/{len(timed)}"}
+
+
 class GpuClocks:
     """The GPU's SM clock and power while a block runs, sampled by `nvidia-smi` every 50 ms: a
     long compute-bound kernel timed back to back can run at lower clocks (power or heat) than
@@ -371,9 +388,11 @@ def main() -> int:
                                  "runtime_ms": v.runtime.median_ms if v.runtime else None,
                                  "min_ms": v.runtime.min_ms if v.runtime else None,
                                  "source": v.runtime.source if v.runtime else None, "gpu": clocks.summary(),
+                                 **markers(v.calls),
                                  "notes": v.notes, "failure": v.failure.message[:300] if v.failure else None}
                     print(f"{cond:10s} {label:9s} {row[cond]['runtime_ms']} ms ({row[cond]['source']}) "
-                          f"correct={v.correct} gpu={clocks.summary()} {'; '.join(v.notes)[:200]}", flush=True)
+                          f"correct={v.correct} markers={markers(v.calls)} gpu={clocks.summary()} "
+                          f"{'; '.join(v.notes)[:200]}", flush=True)
                     if cond == "alone" and not args.no_ncu:
                         spec = workspace_spec(Candidate.from_path(wss[kind]).kernels, f"ws:timing-{kind}", "cuda")
                         lib = judge.builder.build(spec).library

@@ -257,3 +257,6 @@ def test_a_second_flush_once_the_inputs_are_written(judges, path):
     else:
         assert v.correct and v.failure is None and reward_of(v).value >= 1, (v.failure, v.notes)
         assert v.runtime.source != "outside", (v.runtime, v.notes)
+        # gated calls report their markers' time; what they claim is never less than it
+        gated = [c for c in v.calls if c.role == "timed" and c.stream_ms is not None]
+        assert gated and all(c.inside_ms >= c.stream_ms for c in gated), [(c.inside_ms, c.stream_ms) for c in gated]

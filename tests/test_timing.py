@@ -90,6 +90,26 @@ def test_gpu_clocks_are_sampled_from_nvidia_smi_while_a_block_runs(tmp_path, mon
     assert nothing.summary() is None
 
 
+def test_timing_check_counts_calls_timed_past_their_end_marker():
+    from cuda_agent.judge.verdict import CallRecord
+
+    spec = importlib.util.spec_from_file_location("timing_check", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    calls = [CallRecord(index=i, role="timed", inside_ms=0.66 if i % 2 else 0.54, outside_ms=1.0, stream_ms=0.54)
+             for i in range(4)]
+    calls.append(CallRecord(index=4, role="check", inside_ms=2.0, outside_ms=2.5, stream_ms=0.5))
+    assert mod.markers(calls) == {"stream_ms": 0.54, "past_end": "2/4"}
+    cpu = [CallRecord(index=0, role="timed", inside_ms=1.0, outside_ms=1.2)]  # no markers on the CPU backend
+    assert mod.markers(cpu) == {"stream_ms": None, "past_end": None}
+
+
+def test_a_cpu_call_timer_reports_no_marker_time():
+    timer = timing.CallTimer("cpu")
+    timer.start()
+    assert timer.stop() >= 0.0 and timer.last_stream_ms is None and timer.method == "cpu"
+
+
 def test_a_single_threaded_claim_cannot_fall_below_its_own_threads_cpu_time():
     # On 2 cores a single-threaded call of 3.3 ms uses 3.3 ms of CPU; the process's CPU time over the
     # cores bounds it at 1.65 ms, so a clock slowed to 0.42x (1.4 ms claimed) passed. Its busiest

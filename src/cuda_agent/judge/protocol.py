@@ -147,6 +147,7 @@ class CallReply(TypedDict, total=False):
 
     ok: Required[Literal[True]]
     inside_ms: float               # the time the worker claims (checked against the judge's clock)
+    stream_ms: float | None        # gated calls: start to end marker (inside_ms adds work past the end)
     timing: str                    # how it timed the call: gated, events, cpu
     structure: str                 # "tensor", "tuple", "list", ...
     outputs: list                  # pack metadata of the outputs (in the data plane)

@@ -163,6 +163,9 @@ class CallTimer:
         self._early = False  # the judge opened this call's gate before forward had enqueued its work
         self._timeouts = 0  # consecutive calls whose forward waited for the host behind the gate
         self._reaction_ms = 0.0  # from the end of the device's work to the idle marker, with no work at all
+        # The last gated call's time between its start and end markers; stop() returns more where the
+        # device was busy past the end marker (side streams). None for calls timed any other way.
+        self.last_stream_ms: float | None = None
         if device == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
@@ -234,6 +237,7 @@ class CallTimer:
 
     def stop(self) -> float:
         """Milliseconds since `start`, after all queued device work finished."""
+        self.last_stream_ms = None
         if self.device != "cuda":
             return (_perf_counter() - self._t0) * 1e3
         gate = self.gate
@@ -270,6 +274,7 @@ class CallTimer:
         idle_ms = float(self._start.elapsed_time(self._idle))
         self._last_lag_ms = idle_ms - stream_ms
         self.method = "events" if timed_out else "gated"
+        self.last_stream_ms = stream_ms
         # Work on another stream that outlived the end event counts until the device was idle. The
         # idle marker lags the device's last work by the host's reaction: the larger of the one
         # measured at start-up and the one just measured (capped, so that a host made slow on

@@ -60,6 +60,9 @@ class CallRecord(BaseModel):
     role: str                   # "check" | "warmup" | "timed"
     inside_ms: float | None     # time the candidate process claimed
     outside_ms: float | None    # parent's clock minus calibrated overhead
+    # CUDA, gated calls, as the process reports it: its events' time from the start marker to the end
+    # marker; inside_ms is longer where the device stayed busy past the end marker (a side stream)
+    stream_ms: float | None = None
     max_abs_err: float | None = None
     rel_l2_err: float | None = None           # against the reference (its own dtype)
     rel_l2_err_f64: float | None = None       # against the reference evaluated in float64 (checked calls)

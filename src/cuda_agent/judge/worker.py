@@ -468,7 +468,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             changed = sorted(k for k in flags_before if flags_before[k] != flags_after[k])
             tampered = sorted(k for k, fn in watched.items() if _resolve(k, torch) is not fn)
             tampered += obs.changed(sealed) + unobserved
-            chan.send({"ok": True, "inside_ms": inside_ms, "timing": timer.method, "structure": structure, "outputs": meta,
+            chan.send({"ok": True, "inside_ms": inside_ms, "stream_ms": timer.last_stream_ms, "timing": timer.method,
+                       "structure": structure, "outputs": meta,
                        "tampered": tampered, "ops": ops[:4096], "flags_changed": changed,
                        "blocked": blocked[:20]})
             if prof is not None:
