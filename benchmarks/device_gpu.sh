@@ -2,7 +2,7 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, plane, fidelity, steps, filestep, start,
+# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, plane, fidelity, steps, filestep, start,
 # bench, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
@@ -144,6 +144,16 @@ case "$stage" in
         -c flush_after_inputs=$v > "$out/timing_flush_$v.log" 2>&1
       echo "flush_after_inputs=$v rc=$?"; grep -E "^\|" "$out/timing_flush_$v.log"
       grep -oE "^[a-z/-]+ +[A-Za-z0-9-]+ .*markers=\{[^}]*\}" "$out/timing_flush_$v.log" | sed 's/ correct=True//' | cut -c1-200
+    done
+    ;;
+  timingdiag)
+    # The two sizes whose times stay over Nsight Compute's (ew-256M by 23%, mm-8192 by 2.8%, against
+    # ncu's 0.541 and the ratio of earlier runs): the calls' marker times (stretched past the end
+    # marker?), the GPU's clocks and power, with spare workers starting beside the calls and without.
+    for spares in 2 0; do
+      timeout ${DIAG_TIMEOUT:-250} python3 benchmarks/timing_check.py --out "$out/diag-spares$spares" \
+        --cases ew-256M mm-8192 --no-ncu -c spares=$spares > "$out/timing_diag_spares$spares.log" 2>&1
+      echo "spares=$spares rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/timing_diag_spares$spares.log" | cut -c1-420
     done
     ;;
   plane)

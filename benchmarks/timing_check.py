@@ -19,7 +19,7 @@ timed calls' median time between their start and end markers, with how many were
 because the device looked busy past the end marker. Targets: within 5% of Nsight Compute
 from 10 us, within 2% from 1 ms, loaded as alone.
 
-    python benchmarks/timing_check.py [--out DIR] [--sizes small|all] [--load-all] [--no-ncu]
+    python benchmarks/timing_check.py [--out DIR] [--sizes small|all | --cases CASE ...] [--load-all] [--no-ncu]
                                        [--gate-release process|judge|both] [-c KEY=VALUE ...]
 """
 
@@ -320,6 +320,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/timing_check"))
     ap.add_argument("--sizes", choices=("small", "all"), default="all")
     ap.add_argument("--load-all", action="store_true", help="also time with every core busy, the judge's too")
+    ap.add_argument("--cases", nargs="+", choices=[c[0] for c in CASES], metavar="CASE",
+                    help=f"only these cases (instead of --sizes): {', '.join(c[0] for c in CASES)}")
     ap.add_argument("--no-ncu", action="store_true")
     ap.add_argument("--gate-release", default="process",
                     help="who opens a timed call's gate (JudgeConfig.gate_release): process, judge, or "
@@ -355,7 +357,7 @@ def main() -> int:
     allowed = sorted(os.sched_getaffinity(0))
     # what the pool does on this machine: two cores for the judge, the rest for compile workers
     timing_cpus, rest = (allowed[:2], allowed[2:]) if len(allowed) >= 4 else (None, allowed)
-    cases = [c for c in CASES if args.sizes == "all" or c[0] in SMALL]
+    cases = [c for c in CASES if (c[0] in args.cases if args.cases else args.sizes == "all" or c[0] in SMALL)]
     loads = ["alone", "loaded"] + (["loaded-all"] if args.load_all else [])
     releases = ["process", "judge"] if args.gate_release == "both" else [args.gate_release]
     # (column, load, gate_release): the process's release keeps the plain names
