@@ -2,8 +2,8 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, plane, fidelity, steps, filestep, start,
-# bench, throughput, synth, probe;
+# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, plane, fidelity,
+# steps, filestep, start, bench, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.

@@ -197,8 +197,8 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
                 return result(False, f"{where}: relative L2 error {err64:.3g} against the float64 reference exceeds "
                                      f"the bound {bound:.3g} = min(max({floor:g}, {noise_multiple:g} x {noise:.3g}), "
                                      f"{max(floor, rel_l2_ceiling):g} + {noise:.3g}), {noise:.3g} being the {dtype} "
-                                     f"reference's own error against float64 (lower precision than the task, or values too "
-                                     f"small for the elementwise tolerance to mean anything)")
+                                     f"reference's own error against float64 (lower precision than the task, or "
+                                     f"values too small for the elementwise tolerance to mean anything)")
             continue
         carried = rel_l2_bounds[i] if rel_l2_bounds is not None and i < len(rel_l2_bounds) else None
         limit = carried if carried is not None else floor
