@@ -147,9 +147,9 @@ case "$stage" in
     done
     ;;
   timingdiag)
-    # The two sizes whose times stay over Nsight Compute's (ew-256M by 23%, mm-8192 by 2.8%, against
-    # ncu's 0.541 and the ratio of earlier runs): the calls' marker times (stretched past the end
-    # marker?), the GPU's clocks and power, with spare workers starting beside the calls and without.
+    # The two sizes timed over Nsight Compute in earlier runs (ew-256M 23% over its 0.541 ms, mm-8192
+    # 2.8% over), without ncu this time: the calls' marker times (stretched past the end marker?),
+    # the GPU's clocks and power, with spare workers starting beside the calls and without.
     for spares in 2 0; do
       timeout ${DIAG_TIMEOUT:-250} python3 benchmarks/timing_check.py --out "$out/diag-spares$spares" \
         --cases ew-256M mm-8192 --no-ncu -c spares=$spares > "$out/timing_diag_spares$spares.log" 2>&1
