@@ -163,7 +163,7 @@ case "$stage" in
     ;;
   steps)
     # The judge-step figures: the workspace form (where the targets apply) first, then the single file.
-    timeout ${WS_TIMEOUT:-230} python3 benchmarks/judge_step.py --form workspace --runs ${RUNS:-5} \
+    timeout ${WS_TIMEOUT:-230} python3 benchmarks/judge_step.py --form workspace --mode all --runs ${RUNS:-5} \
       --out "$out/judge_step_workspace.json" > "$out/judge_step_workspace.log" 2>&1
     grep -E "run|│" "$out/judge_step_workspace.log" | cut -c1-700
     FILE_TIMEOUT=${FILE_TIMEOUT:-300} SKIP_INSTALL=1 bash "$0" filestep "$out"

@@ -10,6 +10,10 @@ and a workspace solution; failing that, the first level-1 task with each form). 
   '# <uuid>' line at the end of the module (a single file without such a string is reported as
   not measurable). The eager and torch.compile baselines are cached (they depend on the task,
   not on the candidate), and ninja's persistent build folder keeps the fixed binding.cpp object.
+* cold-kernels (`--mode cold-kernels` or `all`, workspace form): the same, but the uuid goes only
+  into the kernel files, not their kernels/*_binding.cpp: the step after an agent edits a kernel
+  and leaves its binding alone, where ninja keeps the binding's object (the binding, which holds
+  pybind11 and torch's headers, is the slowest file to compile).
 * warm: the same candidate judged again by the long-lived `Judge` whose build and baselines are
   already cached (one priming evaluation, not counted, fills the cache).
 
@@ -75,8 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="measured runs per form and mode (default: 5)")
     parser.add_argument("--form", choices=("both",) + FORMS, default="both",
                         help="candidate form(s) to measure (default: both)")
-    parser.add_argument("--mode", choices=("both", "cold", "warm"), default="both",
-                        help="mode(s) to measure (default: both)")
+    parser.add_argument("--mode", choices=("both", "cold", "cold-kernels", "warm", "all"), default="both",
+                        help="mode(s) to measure: both = cold and warm (default); cold-kernels = a workspace "
+                             "step that edits its kernel files but not their *_binding.cpp (ninja keeps the "
+                             "binding's object); all = the three")
     parser.add_argument("--out", type=Path, default=Path("runs/judge_step.json"),
                         help="where to write the JSON results (default: runs/judge_step.json)")
     parser.add_argument("--cache-root", type=Path, default=None,
@@ -161,20 +167,24 @@ def choose(tasks: list, solutions: dict[str, dict[str, Path]], wanted: str | Non
 
 # --- making a source new ---------------------------------------------------------------------------
 
-def cold_variant(candidate, tag: str, one_folder: bool = True):
+def cold_variant(candidate, tag: str, one_folder: bool = True, bindings: bool = True):
     """A copy of `candidate` whose C++/CUDA sources differ by a comment; None if that is not possible.
     `one_folder`: a workspace keeps one origin (one agent editing its workspace, so ninja rebuilds
-    only what changed); otherwise each copy is its own workspace (many rollouts)."""
+    only what changed); otherwise each copy is its own workspace (many rollouts). `bindings=False`:
+    a workspace's kernels/*_binding.cpp stay as they were (an edit of the kernels alone)."""
     from cuda_agent.candidate import Candidate
 
     if candidate.kind == "workspace":
-        if not candidate.kernels:
+        edited = [rel for rel, _ in candidate.kernels if bindings or not rel.endswith("_binding.cpp")]
+        if not edited:
             return None
-        kernels = {rel: f"{src}\n// cold run {tag}\n" for rel, src in candidate.kernels}
+        kernels = {rel: f"{src}\n// cold run {tag}\n" if rel in edited else src for rel, src in candidate.kernels}
         # One origin for every cold run: like an agent editing its workspace in place, ninja's
         # persistent build folder keeps the objects of unchanged files (the fixed binding.cpp).
         return Candidate.from_files(candidate.model_new, kernels,
                                     origin=f"{candidate.origin} (cold)" if one_folder else f"{candidate.origin} ({tag})")
+    if not bindings:
+        return None  # one module: its sources and its binding are one file
     source = candidate.model_new
     for match in _CXX_STRING.finditer(source):
         target = match.group(1).split("=", 1)[0]
@@ -261,19 +271,20 @@ def evaluate(judge, task, candidate, **extra) -> dict:
     return record(verdict, time.perf_counter() - t0, since, **extra)
 
 
-def run_cold(judge, task, candidate, runs: int, log) -> dict:
+def run_cold(judge, task, candidate, runs: int, log, bindings: bool = True) -> dict:
     """New source every run (a build-cache miss; ninja rebuilds the changed files), baselines cached:
-    the step an agent takes after editing its kernels."""
-    if cold_variant(candidate, "probe") is None:
-        why = ("no triple-quoted C++/CUDA source string found in the module"
-               if candidate.kind == "file" else "the workspace has no kernel sources")
+    the step an agent takes after editing its kernels (`bindings=False`: and not their bindings)."""
+    if cold_variant(candidate, "probe", bindings=bindings) is None:
+        why = ("the single-file form's sources and binding are one file" if not bindings and candidate.kind == "file"
+               else "no triple-quoted C++/CUDA source string found in the module" if candidate.kind == "file"
+               else "the workspace has no kernel sources" + ("" if bindings else " besides its bindings"))
         return {"measurable": False, "why": why, "runs": []}
     out = []
     for i in range(runs):
         tag = uuid.uuid4().hex
-        rec = evaluate(judge, task, cold_variant(candidate, tag), run=i, tag=tag)
+        rec = evaluate(judge, task, cold_variant(candidate, tag, bindings=bindings), run=i, tag=tag)
         out.append(rec)
-        log(f"  cold {candidate.kind} run {i + 1}/{runs}: {describe(rec)}")
+        log(f"  cold{'' if bindings else ' (kernels only)'} {candidate.kind} run {i + 1}/{runs}: {describe(rec)}")
     return {"measurable": True, "runs": out}
 
 
@@ -397,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     forms = FORMS if args.form == "both" else (args.form,)
-    modes = ("cold", "warm") if args.mode == "both" else (args.mode,)
+    modes = {"both": ("cold", "warm"), "all": ("cold", "cold-kernels", "warm")}.get(args.mode, (args.mode,))
     tasks = list(suite_tasks(args.device))
     solutions = normalise_solutions(suite_solutions(args.device))
     chosen, notes = choose(tasks, solutions, args.task, forms)
@@ -441,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
                 if "cold" in modes:
                     log(f"{form} / cold on {chosen[form].name}:")
                     add_row(form, "cold", run_cold(judge, chosen[form], candidate, args.runs, log))
+                if "cold-kernels" in modes:
+                    log(f"{form} / cold, kernels only, on {chosen[form].name}:")
+                    add_row(form, "cold-kernels",
+                            run_cold(judge, chosen[form], candidate, args.runs, log, bindings=False))
                 if "warm" in modes:
                     add_row(form, "warm", warm)
     finally:
