@@ -171,29 +171,28 @@ def _tensor(m: dict, view: Region, base: int, limit: int, device, share: bool = 
     return t.to(device) if str(device) != "cpu" else t
 
 
+def _map_tensors(fn, value):
+    """`value` with `fn` applied to every tensor in it, through lists, tuples and dicts."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(fn, v) for k, v in value.items()}
+    return value
+
+
 def snapshot(value):
     """`value` with every tensor in it (containers included) copied: a private copy of outputs that
     are still views of memory the candidate can write."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(v) for v in value)
-    if isinstance(value, dict):
-        return {k: snapshot(v) for k, v in value.items()}
-    return value
+    return _map_tensors(torch.Tensor.clone, value)
 
 
 def staged(value):
     """`value` with every tensor in it (containers included) copied to page-locked host memory,
     contiguous: written later into GPU memory by the copy engines (an H2D copy), with no kernel
     of the writer's CUDA context."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu").contiguous().pin_memory()
-    if isinstance(value, (list, tuple)):
-        return type(value)(staged(v) for v in value)
-    if isinstance(value, dict):
-        return {k: staged(v) for k, v in value.items()}
-    return value
+    return _map_tensors(lambda t: t.detach().to("cpu").contiguous().pin_memory(), value)
 
 
 def nbytes_of(values) -> int:
