@@ -1086,15 +1086,12 @@ def judge_config(args: argparse.Namespace):
 
     from cuda_agent.judge import JudgeConfig
 
-    values: dict = {}
-    for item in args.sets:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise UsageError(f"-c expects key=value, got {item!r}")
-        try:
-            values[key.strip()] = json.loads(raw)
-        except ValueError:
-            values[key.strip()] = raw
+    from cuda_agent.settings import SettingsError, apply_overrides
+
+    try:
+        values = apply_overrides({}, args.sets, JudgeConfig)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None
     values.update(device=args.device, policy=args.policy, compile_mode=args.compile_mode)
     try:
         return JudgeConfig(**values)

@@ -96,9 +96,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    for item in args.config:
-        if "=" not in item:
-            parser.error(f"--config expects KEY=VALUE, got {item!r}")
     return args
 
 
@@ -387,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from cuda_agent.candidate import Candidate
+    from cuda_agent.settings import SettingsError, apply_overrides
 
     try:
         from cuda_agent.judge import Judge, JudgeConfig
@@ -418,7 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         if chosen[form] is not None:
             log(f"{form} form: task {chosen[form].name} ({solutions[chosen[form].name][form]})")
 
-    overrides = dict(item.split("=", 1) for item in args.config)
+    try:
+        overrides = apply_overrides({}, args.config, JudgeConfig)
+    except SettingsError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
     for key in ("device", "cache_dir"):
         if key in overrides:
             raise SystemExit(f"--config {key}=... is set by this script; use --device / --cache-root")

@@ -176,6 +176,7 @@ def main(argv=None) -> int:
     from cuda_agent.candidate import Candidate
     from cuda_agent.judge import JudgeConfig, JudgeError
     from cuda_agent.pool import Pool, PoolConfig
+    from cuda_agent.settings import SettingsError, apply_overrides
     from cuda_agent.suite import suite_solutions, suite_tasks
 
     console = Console()
@@ -188,13 +189,11 @@ def main(argv=None) -> int:
     if not tasks:
         console.print("no level-1 task with a solution whose sources can be varied")
         return 2
-    overrides = {}
-    for item in args.config:
-        key, _, raw = item.partition("=")
-        try:
-            overrides[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[key] = raw
+    try:
+        overrides = apply_overrides({}, args.config, JudgeConfig)
+    except SettingsError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
     own_root = args.cache_root is None
     root = Path(tempfile.mkdtemp(prefix="throughput-")) if own_root else args.cache_root
     config = JudgeConfig.model_validate({**overrides, "device": args.device, "cache_dir": root / "cache"})

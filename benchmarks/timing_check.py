@@ -331,23 +331,20 @@ def main() -> int:
     args = ap.parse_args()
     if args.gate_release not in ("process", "judge", "both"):
         ap.error("--gate-release: process, judge or both")
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"-c {item}: expected KEY=VALUE")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
 
     import torch
 
     from cuda_agent.candidate import Candidate
     from cuda_agent.judge import Judge, JudgeConfig
     from cuda_agent.judge.build import workspace_spec
+    from cuda_agent.settings import SettingsError, apply_overrides
     from cuda_agent.tasks import load_task_file
     from cuda_agent.reward import reward_of
+
+    try:
+        overrides = apply_overrides({}, args.set, JudgeConfig)
+    except SettingsError as exc:
+        ap.error(str(exc))
 
     if not torch.cuda.is_available():
         print("timing_check needs a CUDA device", file=sys.stderr)
