@@ -2,8 +2,9 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, plane, fidelity,
-# steps, filestep, start, bench, throughput, synth, probe;
+# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, memdiag, plane,
+# fidelity,
+# steps, filestep, start, bench, hwtruth, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
@@ -156,6 +157,26 @@ case "$stage" in
       echo "spares=$spares rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/timing_diag_spares$spares.log" | cut -c1-420
     done
     ;;
+  memdiag)
+    # Where a memory-bound kernel's time goes under the judge (ew-256M, 1 GB in and out: Nsight
+    # Compute 0.51-0.54 ms; the judge 0.657 ms on the H200, and its calls' start-to-end markers say
+    # the same, so the kernel itself runs slower in the candidate process). First the probe in a
+    # plain process: the same kernel reading the judge's kind of shared mapping or its own memory,
+    # with events or behind the judge's gate (CallTimer). Then the judge with the default settings
+    # and with MEMDIAG_VARIANTS, one JudgeConfig change each (measured without effect on the H200:
+    # flush_l2=false, flush_after_inputs=true, spares=0). Each line gives the calls' marker time
+    # beside the runtime, and the GPU's clocks while they ran.
+    timeout 150 python3 benchmarks/plane_bandwidth.py --sizes-mb 1024 --runs 12 --out "$out/plane_bandwidth.json" \
+      2>&1 | grep -v Warn | tail -14
+    # (file names without '=': the device tool brings back only plain names)
+    for v in default ${MEMDIAG_VARIANTS:-}; do
+      set -- ; [ "$v" = default ] || set -- -c "$v"
+      name=${v//=/-}
+      timeout ${MEMDIAG_TIMEOUT:-120} python3 benchmarks/timing_check.py --out "$out/memdiag-$name" \
+        --cases ${MEMDIAG_CASES:-ew-256M} --no-ncu "$@" > "$out/memdiag_$name.log" 2>&1
+      echo "== $v rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/memdiag_$name.log" | cut -c1-330
+    done
+    ;;
   plane)
     timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
     # Whether kernels stream the shared mapping as fast as their own memory (memory-bound timing).
@@ -202,6 +223,19 @@ case "$stage" in
       --report "$out/bench.html" > "$out/bench.log" 2>&1
     echo "resumed run rc=$?"
     cut -c1-300 "$out/bench.log" | grep -v "━" | tail -70
+    ;;
+  hwtruth)
+    # Speed-of-light and the profile tool (hardware truth): the bundled suite judged once (its table
+    # and HTML report carry each runtime's share of speed-of-light, per task and per level, and the
+    # roofline), then the agent's profile tool on every workspace solution, the judge's runtime beside
+    # Nsight Compute's kernel time of the same candidate. The profile reuses the bench's builds and
+    # baselines (same cache folder).
+    timeout ${BENCH_TIMEOUT:-330} cuda-agent bench --device cuda --run h200-hwtruth --db "$out/results.sqlite" \
+      --out "$out/bench.jsonl" --report "$out/bench.html" > "$out/bench.log" 2>&1
+    echo "bench rc=$?"; cut -c1-300 "$out/bench.log" | grep -v "━" | tail -45
+    timeout ${PROFILE_TIMEOUT:-240} python3 benchmarks/profile_suite.py --out "$out" --cache "$CUDA_AGENT_CACHE" \
+      > "$out/profile_suite.log" 2>&1
+    echo "profile_suite rc=$?"; grep -E "^\[|^  runtime|^\|" "$out/profile_suite.log" | cut -c1-300
     ;;
   throughput)
     # Candidates per GPU-hour through the pool (tasks chosen so priming, which measures the

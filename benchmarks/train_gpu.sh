@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The training stages on a CUDA machine with the tiny model (no download) and the real judge:
 #   bash benchmarks/train_gpu.sh STAGE [OUT_DIR]      STAGE: toy | stages | toy+stages
-# toy: the learning check (CPU judge backend, the policy on the GPU); stages: warm-up, RFT export,
-# critic and agentic PPO on the CUDA suite with the CUDA judge, for episodes per hour and the time
-# split. Installs wheels from ./.whl (pydantic etc.) and this package in place, as device_gpu.sh.
+# toy: the learning check (CPU judge backend, the policy on the GPU), then RFT on the toy's episodes;
+# stages: warm-up, critic and agentic PPO on the CUDA suite with the CUDA judge, for episodes per
+# hour and the time split. Installs wheels from ./.whl (pydantic etc.) and this package in place,
+# as device_gpu.sh does.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 stage=${1:-toy}
@@ -23,7 +24,11 @@ case "$stage" in
   toy)
     cuda-agent train toy "$out/toy" --steps "${TOY_STEPS:-12}"
     cuda-agent train ppo --config "$out/toy/toy.json" --out "$out/toy/run" --train-device cuda
-    python3 benchmarks/train_metrics.py "$out/toy/run" ;;
+    # RFT on the toy's own episodes (the tiny model's CUDA-suite episodes of `stages` earn no
+    # positive reward, so nothing of theirs passes the filter): filter, parquet, SFT on the GPU.
+    cuda-agent train rft --out "$out/toy/rft" --model "$out/toy/model" --episodes "$out/toy/run/episodes" \
+      --train-device cuda
+    python3 benchmarks/train_metrics.py "$out/toy/run" "$out/toy/rft" ;;
   stages)
     common=(--model tiny --tasks suite --device cuda --train-device cuda -c episodes_per_step=8 -c concurrency=8)
     cuda-agent train warmup --out "$out/warmup" "${common[@]}" --steps 2 -c episode.turn_tokens=512
