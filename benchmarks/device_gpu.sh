@@ -162,14 +162,15 @@ case "$stage" in
     # Compute 0.51-0.54 ms; the judge 0.657 ms on the H200, and its calls' start-to-end markers say
     # the same, so the kernel itself runs slower in the candidate process). First the probe in a
     # plain process: the same kernel reading the judge's kind of shared mapping or its own memory,
-    # with events or behind the judge's gate (CallTimer). Then the judge with the default settings
-    # and with MEMDIAG_VARIANTS, one JudgeConfig change each (measured without effect on the H200:
-    # flush_l2=false, flush_after_inputs=true, spares=0). Each line gives the calls' marker time
-    # beside the runtime, and the GPU's clocks while they ran.
+    # with events or behind the judge's gate (CallTimer), and with 4 GiB of other memory read between
+    # calls, with and without its pages touched first. Then the judge with the default settings and
+    # with MEMDIAG_VARIANTS, one JudgeConfig change each (default: touch_pages=true; measured without
+    # effect on the H200: flush_l2=false, flush_after_inputs=true, spares=0). Each line gives the
+    # calls' marker time beside the runtime, and the GPU's clocks while they ran.
     timeout 150 python3 benchmarks/plane_bandwidth.py --sizes-mb 1024 --runs 12 --out "$out/plane_bandwidth.json" \
       2>&1 | grep -v Warn | tail -14
     # (file names without '=': the device tool brings back only plain names)
-    for v in default ${MEMDIAG_VARIANTS:-}; do
+    for v in default ${MEMDIAG_VARIANTS-touch_pages=true}; do
       set -- ; [ "$v" = default ] || set -- -c "$v"
       name=${v//=/-}
       timeout ${MEMDIAG_TIMEOUT:-120} python3 benchmarks/timing_check.py --out "$out/memdiag-$name" \

@@ -14,6 +14,10 @@ call's inputs), with a fresh output each call, and under the profiler's CUDA act
 judge keeps on in every call), where the profiler's own kernel duration (CUPTI, as Nsight Compute
 reads it) is set beside the events'. And timing_check's own elementwise kernel, timed with events
 and with the judge's CallTimer (behind the gate), to tell the kernel, the gate and the mapping apart.
+Last, with 4 GiB of other memory read between calls (as the judge's own work between calls reads
+and writes several times the call's data): does a call then start with the GPU's address
+translations evicted, and does touching a byte of every 2 MiB page first (JudgeConfig.touch_pages)
+give the time back?
 
     python benchmarks/plane_bandwidth.py [--sizes-mb 128 1024] [--runs 20] [--out FILE]
 """
@@ -40,15 +44,25 @@ l2 = torch.cuda.get_device_properties(0).L2_cache_size
 cold = torch.ones(2 * l2 // 4, device="cuda")
 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-def timed(src, dirty=False, fresh_out=False, profiled=False):
+big = None
+
+def timed(src, dirty=False, fresh_out=False, profiled=False, thrash=False, touch=False):
     # y = 2x over the bytes as float32: one read and one write per element, as the ew kernels
+    global big
+    from cuda_agent.judge.timing import touch_pages
     x = src.view(torch.float32)
     out = torch.empty_like(x)
     times, kernel = [], []
     for _ in range(runs + 3):
+        if thrash:  # 4 GiB of other memory read between calls, as the judge's own work touches
+            if big is None:
+                big = torch.ones(1 << 30, device="cuda")
+            big.sum()
         cold.sum()
         if dirty:  # the inputs written after the flush, as the judge writes a call's inputs
             src.copy_(other)
+        if touch:  # JudgeConfig.touch_pages: a byte of every 2 MiB page of the input and the output
+            touch_pages([x, out])
         torch.cuda.synchronize()
         prof = None
         if profiled:
@@ -119,7 +133,10 @@ extra = {"ew_own_events": lambda: timed_kernel(own, ew_call),
          "mul_shared_gated": lambda: timed_kernel(shared, mul, gated=True)}
 conditions = {"own": dict(src=own), "shared": dict(src=shared), "shared_dirty": dict(src=shared, dirty=True),
               "shared_fresh_out": dict(src=shared, fresh_out=True), "shared_profiled": dict(src=shared, profiled=True),
-              "own_profiled": dict(src=own, profiled=True)}
+              "own_profiled": dict(src=own, profiled=True), "own_thrashed": dict(src=own, thrash=True),
+              "own_thrashed_touched": dict(src=own, thrash=True, touch=True),
+              "shared_thrashed": dict(src=shared, thrash=True),
+              "shared_thrashed_touched": dict(src=shared, thrash=True, touch=True)}
 got = {}
 for name, kw in conditions.items():
     try:

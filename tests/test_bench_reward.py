@@ -101,14 +101,15 @@ def test_a_run_stored_with_the_reward_among_the_judge_settings_resumes(tmp_path,
 
 
 def test_a_setting_added_later_leaves_the_digest_of_earlier_runs_at_its_old_behaviour(setup):
-    """`gate_release`, `release_writes` and `flush_after_inputs` came after runs were stored: at their
+    """`gate_release`, `release_writes`, `flush_after_inputs` and `touch_pages` came after runs were stored: at their
     earlier behaviour a stored config without them has the same digest, so those runs resume; at
     another value it differs. `device_lock` says where the judge runs, not what it decides: never in the digest."""
     config = setup
-    later = {"gate_release", "release_writes", "flush_after_inputs", "device_lock"}
+    later = {"gate_release", "release_writes", "flush_after_inputs", "touch_pages", "device_lock"}
     stored = {k: v for k, v in config.model_dump(mode="json").items() if k not in later}
     assert settings_digest(stored) == settings_digest(config)
     assert settings_digest(config.model_copy(update={"gate_release": "judge"})) != settings_digest(config)
     assert settings_digest(config.model_copy(update={"release_writes": "host"})) != settings_digest(config)
     assert settings_digest(config.model_copy(update={"flush_after_inputs": True})) != settings_digest(config)
+    assert settings_digest(config.model_copy(update={"touch_pages": True})) != settings_digest(config)
     assert settings_digest(config.model_copy(update={"device_lock": "/tmp/x.lock"})) == settings_digest(config)

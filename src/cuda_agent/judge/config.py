@@ -78,6 +78,12 @@ class JudgeConfig(BaseModel):
                            "its size) or pays to write them back (larger ones). Costs one read of twice the L2 "
                            "per call on the judge's clock, which the null baseline includes. Not with the "
                            "judge's release, whose inputs arrive after the call has started")
+    touch_pages: bool = Field(
+        False, description="CUDA, with the process's release: once a call's inputs are written, read one byte "
+                            "in every 2 MiB of them and of the memory its outputs will take, before the clock "
+                            "in the process starts, so the call does not start with the GPU's address "
+                            "translations evicted by the judge's own work between calls (a profiler's replay "
+                            "finds them warm). Puts one cache line per page into the L2")
     gate_release: Literal["process", "judge"] = Field(
         "process", description="CUDA, GPU region: who opens a timed call's gate. 'process': the candidate's "
                                "process, once forward has enqueued its work; the judge's clock then spans the "

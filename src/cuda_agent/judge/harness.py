@@ -145,6 +145,8 @@ class Judge:
         self._device_lock = DeviceLock(config.device_lock) if config.device_lock else None
         # CUDA processes flush the L2 again once a call's inputs are written (JudgeConfig.flush_after_inputs)
         self._flushes_inputs = self.device == "cuda" and config.flush_l2 and config.flush_after_inputs
+        # ... and read a byte of every page the call will stream (JudgeConfig.touch_pages)
+        self._touches_pages = self.device == "cuda" and config.touch_pages
         self.verdicts = None
         if config.verdict_cache:
             self.verdicts = VerdictCache(config.cache_dir / "verdicts", settings=config.model_dump(mode="json"), machine={
@@ -424,7 +426,8 @@ class Judge:
                 reference_path=str(proc.spec.workdir / "model.py"),
                 library=str(proc.spec.workdir / "cuda_extension.so") if library else None,
                 init_args=init_meta, state=state_meta, state_names=setup.state_names,
-                init_seed=setup.init_seed, flush=cfg.flush_l2, flush_inputs=self._flushes_inputs, trusted=trusted,
+                init_seed=setup.init_seed, flush=cfg.flush_l2, flush_inputs=self._flushes_inputs,
+                touch_pages=self._touches_pages, trusted=trusted,
                 observer=str(proc.spec.workdir / obs.FILE), policy=cfg.policy,
                 poison_bytes=setup.out_bytes if self.device == "cuda" else 0,
                 gpu_plane=shared.handle.hex() if shared is not None else None,
@@ -712,6 +715,8 @@ class Judge:
         keyed = f"{mode}+judge-release" if self.device == "cuda" and judge_release else mode
         if self._flushes_inputs and not judge_release:  # (the judge's release writes inputs after it)
             keyed += "+flush-inputs"  # the flush moves the times too (and old keys stay as they were)
+        if self._touches_pages and not judge_release:
+            keyed += "+touch-pages"
         bkey = BaselineKey(harness_version=_HARNESS_VERSION, task_id=task.id, device_name=self.device_name,
                            torch_version=torch.__version__, mode=keyed, flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
                            n_warmup=cfg.n_warmup)

@@ -182,6 +182,13 @@ def _map_tensors(fn, value):
     return value
 
 
+def leaves(value) -> list[torch.Tensor]:
+    """Every tensor in `value`, through lists, tuples and dicts."""
+    found: list[torch.Tensor] = []
+    _map_tensors(found.append, value)
+    return found
+
+
 def snapshot(value):
     """`value` with every tensor in it (containers included) copied: a private copy of outputs that
     are still views of memory the candidate can write."""

@@ -228,8 +228,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
 
     from . import observer as obs
     from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
-    from .tensorio import pack, unpack
-    from .timing import CacheFlusher, CallTimer
+    from .tensorio import leaves, pack, unpack
+    from .timing import CacheFlusher, CallTimer, touch_pages
 
     sock = socket.socket(fileno=sock_fd)
     shared_error = None
@@ -311,6 +311,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             sealed.update(obs.bridge_numpy(torch, lambda: observer.mark(obs.NUMPY_MARK)))
         flusher = CacheFlusher(device, init.get("flush", True))
         flush_inputs = bool(init.get("flush_inputs")) and device == "cuda" and flusher.buf is not None
+        touch = bool(init.get("touch_pages")) and device == "cuda"
         # The gate's release word lives in the data plane's control page, which the judge writes:
         # with the GPU region, the judge reveals a call's inputs and opens its gate itself.
         timer = CallTimer(device, control_address=plane.control_address() if shared is not None else None)
@@ -390,6 +391,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
 
     poison_bytes = int(init.get("poison_bytes", 0))
     inputs: list = []
+    poisoned = None  # with `touch`: the poisoned block, held until its pages are touched
     while True:
         msg = chan.recv()
         op = msg.get("op")
@@ -398,8 +400,11 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if op == "prepare":
             # Untimed: cold caches, and allocator blocks full of NaN bytes so unwritten outputs show.
             # The inputs are not known yet, so no work can be done ahead of the timed request.
-            if poison_bytes:  # allocated and freed at once: the block returns to the allocator's cache
-                torch.full((poison_bytes,), 0xFF, dtype=torch.uint8, device=device)
+            if poison_bytes:  # freed at once (or after its pages are touched): the block returns to the
+                # allocator's cache, where the call's outputs are allocated
+                poisoned = torch.full((poison_bytes,), 0xFF, dtype=torch.uint8, device=device)
+                if not touch:
+                    poisoned = None
             flusher.flush()
             chan.send({"ok": True})
             continue
@@ -423,6 +428,11 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 # `prepare` flushed before the inputs were written: their last lines sit dirty in the
                 # L2. Flushed again (before the observer's take, so its ops are not the candidate's).
                 flusher.flush()
+            if touch and release is None:
+                # The pages the call will stream (its inputs, and the block its outputs will take),
+                # after the judge's own work between calls; still before the observer's take.
+                touch_pages(leaves(inputs) + ([poisoned] if poisoned is not None else []))
+            poisoned = None
             # Every call is observed the same way: the operators it ran (observer.cpp) and, on
             # CUDA, the kernels it launched (the profiler's CUDA activity).
             prof = None
