@@ -9,7 +9,8 @@
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
 # DEADLINE (seconds since the epoch) shortens the synth stage's generation to end before it.
-# Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic) and this package in place.
+# Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic: benchmarks/device_wheels.sh
+# fetches them) and this package in place.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 stage=${1:-smoke}
