@@ -327,6 +327,23 @@ def main(argv=None) -> int:
     table.add_row("mean s per candidate: calls waiting for the device", f"{device_wait:.2f}")
     table.add_row("mean s per candidate: judge_s (build..other)", f"{judge_s:.2f}")
     console.print(table)
+    # Per task: a single-file (load_inline) candidate compiles torch's headers in every translation
+    # unit, a workspace only its kernels and a binding over a precompiled header, so the task mix
+    # decides how much compiling a candidate costs.
+    form = {t.name: c.kind for t, c in work}
+    per_task = {}
+    for name in dict.fromkeys(v.task_name for v in verdicts):
+        vs = [v for v in verdicts if v.task_name == name]
+        per_task[name] = {"form": form.get(name, "?"), "n": len(vs), "correct": sum(v.correct for v in vs),
+                          **{f"mean_{k}_s": mean([v.phase_s.get(k, 0.0) for v in vs])
+                             for k in ("prebuild", "build", "start", "calls")}}
+    by_task = Table(title="Per task")
+    for col in ("task", "form", "n", "correct", "prebuild s", "build s", "start s", "calls s"):
+        by_task.add_column(col, justify="left" if col in ("task", "form") else "right")
+    for name, r in per_task.items():
+        by_task.add_row(name, r["form"], str(r["n"]), str(r["correct"]), f"{r['mean_prebuild_s']:.2f}",
+                        f"{r['mean_build_s']:.2f}", f"{r['mean_start_s']:.2f}", f"{r['mean_calls_s']:.2f}")
+    console.print(by_task)
 
     report = {
         "benchmark": "throughput", "argv": sys.argv[1:] if argv is None else list(argv),
@@ -339,6 +356,7 @@ def main(argv=None) -> int:
         "correct": sum(v.correct for v in verdicts), "prebuilt_in_time": prebuilt,
         "judge_busy": judge_busy, "compile_busy": compile_busy, "mean_phase_s": phases, "mean_judge_s": judge_s,
         "mean_device_wait_s": device_wait,
+        "per_task": per_task,
         "failures": [v.failure.model_dump(mode="json") | {"task": v.task_name} for v in verdicts if v.failure],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
