@@ -3,8 +3,7 @@
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
 # Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, memdiag, plane,
-# fidelity,
-# steps, filestep, start, bench, hwtruth, throughput, synth, probe;
+# fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
