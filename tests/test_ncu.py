@@ -54,6 +54,20 @@ def test_summary_groups_launches_and_diagnoses_each_kernel(report):
     assert "occupancy 48% of 50% possible" in row_sum.diagnosis
 
 
+def test_busy_sm_pipes_waiting_on_global_memory_are_not_called_compute_bound():
+    """The bundled transpose on the H200: SM 64% (its shared-memory pipe), DRAM 60%, warps waiting
+    mostly on global loads. "Do fewer instructions" would be the wrong advice; the latency line names
+    the stall. A GEMM with the same SM share but waiting on its math stays compute-bound."""
+    transpose = ncu.KernelSummary(kernel="batched_transpose_kernel", launches=1, duration_us=730.9, dram_pct=60.0,
+                                  mem_pct=60.0, sm_pct=64.0, occupancy_pct=94.0, theoretical_occupancy_pct=100.0,
+                                  stalls=[("long_scoreboard", 9.3), ("barrier", 3.8), ("not_selected", 2.9)])
+    text = ncu.diagnose(transpose)
+    assert text.startswith("latency-bound") and "long_scoreboard" in text and "occupancy 94%" in text
+    gemm = transpose.model_copy(update={"kernel": "gemm", "dram_pct": 5.0, "mem_pct": 60.0,
+                                        "stalls": [("not_selected", 1.9), ("short_scoreboard", 0.7)]})
+    assert ncu.diagnose(gemm).startswith("compute-bound")
+
+
 def test_render_is_concise_and_names_what_to_do(report):
     summaries = ncu.summarize(ncu.parse_ncu(report))
     text = ncu.render(summaries, peak_dram_gbs=4800)

@@ -182,7 +182,9 @@ def diagnose(k: KernelSummary) -> str:
     if mem >= BUSY_PCT and mem >= sm:
         return (f"memory-bound: memory at {mem:.0f}% of peak (DRAM {dram or 0:.0f}%); it is near its roof, so only "
                 "moving fewer bytes helps (fuse, keep data on chip, narrower types)")
-    if sm >= BUSY_PCT:
+    # Busy SM pipes with warps waiting mostly on global memory (a transpose through shared memory,
+    # say) are not what bounds the kernel: it falls to the latency line with that stall's advice.
+    if sm >= BUSY_PCT and top != "long_scoreboard":
         return (f"compute-bound: SM throughput {sm:.0f}% of peak; do fewer or cheaper instructions (tensor cores, "
                 f"fewer conversions and divisions){stall}")
     occ = ""
