@@ -29,9 +29,9 @@ GPU_TIME = re.compile(r"([0-9.]+) us of GPU time in one call")
 
 
 def workspace_solutions(only: list[str] | None) -> list[str]:
-    from cuda_agent.suite import suite_dir
+    from cuda_agent.suite import suite_solutions
 
-    names = sorted(p.name for p in (suite_dir() / "solutions" / "cuda").iterdir() if p.is_dir())
+    names = [name for name, path in suite_solutions("cuda").items() if path.is_dir()]
     if only:
         missing = sorted(set(only) - set(names))
         if missing:
@@ -45,16 +45,11 @@ def profile_one(name: str, work: Path, cache: Path) -> dict:
     from cuda_agent.agent.tools import JudgeGate, Toolbox
     from cuda_agent.agent.workspace import create_workspace
     from cuda_agent.judge import JudgeConfig
-    from cuda_agent.suite import suite_dir
-    from cuda_agent.tasks import load_task_file
+    from cuda_agent.suite import suite_solutions, suite_tasks
 
-    task = load_task_file(next((suite_dir() / "cuda").glob(f"level*/{name}.py")))
+    task = next(t for t in suite_tasks("cuda") if t.name == name)
     ws = create_workspace(task, work / name, "cuda")
-    solution = suite_dir() / "solutions" / "cuda" / name
-    for path in solution.rglob("*"):
-        if path.is_file():
-            (ws / path.relative_to(solution)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, ws / path.relative_to(solution))
+    shutil.copytree(suite_solutions("cuda")[name], ws, dirs_exist_ok=True)  # model_new.py and kernels/
     gate = JudgeGate(JudgeConfig(device="cuda", cache_dir=str(cache)))
     box = Toolbox(task, ws, gate)
     t0 = time.perf_counter()

@@ -198,11 +198,7 @@ def test_profile_tool_on_a_bundled_solution(name, tmp_path, tmp_path_factory):
     task = next((suite_dir() / "cuda").glob(f"level*/{name}.py"))
     task = load_task_file(task)
     ws = create_workspace(task, tmp_path / "ws", "cuda")
-    solution = suite_dir() / "solutions" / "cuda" / name
-    for path in solution.rglob("*"):
-        if path.is_file():
-            (ws / path.relative_to(solution)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, ws / path.relative_to(solution))
+    shutil.copytree(suite_dir() / "solutions" / "cuda" / name, ws, dirs_exist_ok=True)  # model_new.py, kernels/
     gate = JudgeGate(JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=judge_cache_dir(tmp_path_factory, "ncu-cache")))
     box = Toolbox(task, ws, gate)
     try:
