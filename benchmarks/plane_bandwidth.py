@@ -13,7 +13,8 @@ kernel with the inputs rewritten after the flush (dirty lines in L2, as when the
 call's inputs), with a fresh output each call, and under the profiler's CUDA activity (which the
 judge keeps on in every call), where the profiler's own kernel duration (CUPTI, as Nsight Compute
 reads it) is set beside the events'. And timing_check's own elementwise kernel, timed with events
-and with the judge's CallTimer (behind the gate), to tell the kernel, the gate and the mapping apart.
+and with the judge's CallTimer (behind the gate), to tell the kernel, the gate and the mapping apart;
+then as the judge's worker makes a call: the output allocated in the block just filled with poison.
 Last, with 4 GiB of other memory read between calls (as the judge's own work between calls reads
 and writes several times the call's data): does a call then start with the GPU's address
 translations evicted, and does touching a byte of every 2 MiB page first (JudgeConfig.touch_pages)
@@ -124,13 +125,36 @@ def timed_kernel(src, kernel, gated=False):
             times.append(start.elapsed_time(end))
     return {"ms": statistics.median(times[3:]), "method": timer.method if timer else "events"}
 
+def timed_like_judge(src, poison=True):
+    # a call as the judge's worker makes it: an allocator block of the output's size filled with
+    # 0xFF and freed (the poison), the L2 flush, then behind the gate the output allocated (in that
+    # block) and the kernel launched
+    from cuda_agent.judge.timing import CallTimer
+    timer = CallTimer("cuda")
+    x = src.view(torch.float32)
+    times = []
+    for _ in range(runs + 3):
+        if poison:
+            block = torch.full((x.numel() * 4,), 0xFF, dtype=torch.uint8, device="cuda")
+            del block
+        cold.sum()
+        torch.cuda.synchronize()
+        timer.start()
+        out = torch.empty_like(x)
+        ew_call(x, out)
+        times.append(timer.stop())
+        del out
+    return {"ms": statistics.median(times[3:]), "method": timer.method}
+
 def mul(x, out):
     torch.mul(x, 2.0, out=out)
 
 extra = {"ew_own_events": lambda: timed_kernel(own, ew_call),
          "ew_shared_events": lambda: timed_kernel(shared, ew_call),
          "ew_shared_gated": lambda: timed_kernel(shared, ew_call, gated=True),
-         "mul_shared_gated": lambda: timed_kernel(shared, mul, gated=True)}
+         "mul_shared_gated": lambda: timed_kernel(shared, mul, gated=True),
+         "ew_shared_fresh_out_gated": lambda: timed_like_judge(shared, poison=False),
+         "ew_shared_poisoned_gated": lambda: timed_like_judge(shared, poison=True)}
 conditions = {"own": dict(src=own), "shared": dict(src=shared), "shared_dirty": dict(src=shared, dirty=True),
               "shared_fresh_out": dict(src=shared, fresh_out=True), "shared_profiled": dict(src=shared, profiled=True),
               "own_profiled": dict(src=own, profiled=True), "own_thrashed": dict(src=own, thrash=True),
