@@ -53,7 +53,8 @@ SLOW_TESTS = {
                       "test_many_clients_with_duplicates_lose_and_duplicate_no_verdict"},
     "test_prebuild.py": {"test_a_prebuilt_candidate_is_a_cache_hit_for_the_judge",
                          "test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate",
-                         "test_workspace_builds_link_one_shared_binding_object"},
+                         "test_workspace_builds_link_one_shared_binding_object",
+                         "test_inline_builds_of_one_flag_set_share_a_precompiled_prelude"},
     "test_suite.py": {"test_cpu_solution_passes", "test_cuda_solution_passes", "test_bench_cli_runs_the_cpu_suite"},
     # torch.compile; and two that wait out a hung task's timeout and a worker's task budget
     "test_synth_filters.py": {"test_compile_filter_keeps_a_matching_task_and_rejects_a_mismatch",

@@ -641,3 +641,50 @@ def test_a_torch_compile_baselines_first_calls_get_a_builds_time_limit(tmp_path)
         v = judge.evaluate(task, cand)
     assert v.correct, v.failure
     assert v.compiled_ref is not None and v.compile_mode == "default"
+
+
+def test_inline_preludes_are_made_on_a_flag_sets_second_use_and_the_oldest_evicted(tmp_path, monkeypatch):
+    """load_inline's torch/extension.h is precompiled once a flag set is seen twice (one use would
+    pay more for the header than it saves), shared by every extension name, linked into the build
+    folder, and only the most recently used INLINE_PCH_KEEP are kept (the compiler is stood in for:
+    what is tested is the bookkeeping; test_prebuild builds real ones)."""
+    import os as _os
+    from pathlib import Path
+
+    from cuda_agent.judge import build as build_mod
+    from cuda_agent.judge.build import INLINE_PRELUDE, Builder
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
+    made = []
+
+    def fake_job(bdir, job):
+        made.append(job)
+        (Path(job["build_directory"]) / (Path(job["header"]).name + ".gch")).write_bytes(b"gch")
+
+    monkeypatch.setattr(builder, "_run_job", fake_job)
+
+    def spec(name, flags):
+        return inline_spec(name=name, cpp_sources=["int f() { return 1; }"], cuda_sources=[], functions=None,
+                           cflags=flags, cuda_cflags=[], ldflags=[], with_cuda=False)
+
+    first = spec("a", ["-O2"])
+    main = dict(first.sources)["main.cpp"]
+    assert main.splitlines()[0] == f'#include "{INLINE_PRELUDE}"'
+    assert dict(first.sources)[INLINE_PRELUDE].strip() == "#include <torch/extension.h>"
+    assert builder._pch(first) is None and not made            # first sight: no header made
+    gch = builder._pch(spec("b", ["-O2"]))                      # second, another name: made
+    assert gch is not None and gch.name == f"{INLINE_PRELUDE}.gch" and len(made) == 1
+    assert builder._pch(spec("c", ["-O2"])) == gch and len(made) == 1   # third: reused
+    src = tmp_path / "src"
+    src.mkdir()
+    builder._attach_pch(src, gch, first)
+    assert (src / f"{INLINE_PRELUDE}.gch").resolve() == gch.resolve()
+    # other flag sets, each seen twice: beyond the kept number the least recently used goes
+    kept = build_mod.INLINE_PCH_KEEP
+    _os.utime(gch.parent, (1, 1))                               # the first one, long unused
+    for i in range(kept):
+        flags = ["-O2", f"-DVARIANT={i}"]
+        builder._pch(spec("x", flags))
+        assert builder._pch(spec("y", flags)) is not None
+    preludes = sorted(p.name for p in (tmp_path / "work" / "pch").glob("inline-*") if p.is_dir())
+    assert len(preludes) == kept and not gch.exists()

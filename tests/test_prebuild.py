@@ -314,3 +314,40 @@ def test_cuda_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(name, tmp_p
         assert outcome.keys == [s.key(judge.builder.fingerprint) for s in judge.build_plan(cand).specs]
         verdict = judge.evaluate(tasks[name], cand)
         assert verdict.correct and verdict.build_cached is True, verdict.failure
+
+
+def test_inline_builds_of_one_flag_set_share_a_precompiled_prelude(tmp_path):
+    """load_inline's torch/extension.h, precompiled at a flag set's second use without the
+    extension's name, is the one gcc takes for an extension of another name (a header it refused
+    would leave the build correct but slow, so the link is checked, and the library is run)."""
+    import importlib.util
+
+    import torch
+
+    from cuda_agent.judge.build import INLINE_PRELUDE, Builder, inline_spec
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=600, uid=None)
+
+    def spec(name: str, k: int):
+        return inline_spec(name=name, cpp_sources=[f"torch::Tensor f(torch::Tensor x) {{ return x + {k}; }}"],
+                           cuda_sources=[], functions=["f"], cflags=["-O1"], cuda_cflags=[], ldflags=[],
+                           with_cuda=False)
+
+    builder.build(spec("first_name", 1))
+    assert not list(builder.pch_root.glob(f"inline-*/{INLINE_PRELUDE}.gch"))  # one use: none made
+    second = builder.build(spec("second_name", 2))
+    made = list(builder.pch_root.glob(f"inline-*/{INLINE_PRELUDE}.gch"))
+    assert len(made) == 1 and made[0].stat().st_size > 1 << 20
+    linked = [p for p in builder.build_root.rglob(f"{INLINE_PRELUDE}.gch") if p.is_symlink()]
+    assert [p.resolve() for p in linked] == [made[0].resolve()]
+    # gcc used it: the header it read precompiled is missing from main.o's dependencies (ninja's
+    # record, from gcc's -MMD), where the first build, which parsed it, lists it
+    deps = {folder.name: (folder / "out" / ".ninja_deps").read_bytes() for folder in builder.build_root.iterdir()
+            if (folder / "out" / ".ninja_deps").exists()}
+    used = linked[0].parent.parent.name
+    assert len(deps) == 2 and INLINE_PRELUDE.encode() not in deps.pop(used)
+    assert INLINE_PRELUDE.encode() in deps.popitem()[1]
+    loaded = importlib.util.spec_from_file_location("second_name", second.library)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    assert torch.equal(module.f(torch.zeros(3)), torch.full((3,), 2.0))

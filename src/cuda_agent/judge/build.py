@@ -12,7 +12,11 @@ bulk of every binding file's compile time), made once per toolchain and flag set
 header, and placed next to the header so gcc uses it for any file that includes it first. The
 fixed `binding.cpp` is compiled once beside it too and linked into every workspace's library: its
 object depends only on the toolchain and flags, and compiling it again costs every new workspace
-(every rollout of an RL run) several seconds of a core.
+(every rollout of an RL run) several seconds of a core. `load_inline` builds get the same for
+`torch/extension.h`, the first include of the main.cpp that load_inline writes (half of that file's
+compile time on the CPU), once a flag set has been seen twice: a precompiled header takes longer
+to make than one compile and is large (0.3-0.8 GB), so a flag set used once does not get one, and
+only the most recently used few are kept.
 """
 
 from __future__ import annotations
@@ -101,6 +105,12 @@ class BuildResult(BaseModel):
 
 IMPORTS_FILE = "imports.json"
 SHARED_BINDING = "binding.o"   # the fixed binding.cpp, compiled once beside the precompiled header
+REGISTRY_HEADER = "binding_registry.h"
+# load_inline's `#include <torch/extension.h>`, moved into a header of the judge's next to main.cpp,
+# which gcc then takes precompiled (a header is used precompiled only from the including file's folder
+# or a -include; the system include of the original is searched for in torch's folders)
+INLINE_PRELUDE = "torch_extension_prelude.h"
+INLINE_PCH_KEEP = 6            # precompiled inline preludes kept (least recently used go first)
 
 
 def object_imports(out_dir: Path) -> list[str] | None:
@@ -203,7 +213,7 @@ def inline_spec(*, name: str, cpp_sources, cuda_sources, functions, cflags, cuda
     cuda_sources = list(cuda_sources or [])
     if not all(isinstance(s, str) for s in cpp_sources + cuda_sources):
         raise BuildError("load_inline sources must be strings")
-    main = ["#include <torch/extension.h>"] + cpp_sources
+    main = [f'#include "{INLINE_PRELUDE}"'] + cpp_sources
     if functions:
         if isinstance(functions, str):
             functions = [functions]
@@ -218,7 +228,7 @@ def inline_spec(*, name: str, cpp_sources, cuda_sources, functions, cflags, cuda
             wrapped = f"torch::wrap_pybind_function({fn})" if with_pytorch_error_handling else fn
             main.append(f'm.def("{fn}", {wrapped}, {json.dumps(str(doc))});')
         main.append("}")
-    sources = [("main.cpp", "\n".join(main))]
+    sources = [(INLINE_PRELUDE, "#include <torch/extension.h>\n"), ("main.cpp", "\n".join(main))]
     if cuda_sources:
         sources.append(("cuda.cu", "\n".join(
             ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + cuda_sources)))
@@ -279,7 +289,7 @@ class Builder:
     def _build_locked(self, spec: BuildSpec, key: str, bdir: Path, t0: float) -> BuildResult:
         self._sync_sources(bdir / "src", spec)
         gch = self._pch(spec)
-        self._attach_pch(bdir / "src", gch)
+        self._attach_pch(bdir / "src", gch, spec)
         shared = gch.parent / SHARED_BINDING if gch is not None else None
         self._run(bdir, spec, shared if shared and shared.exists() else None)
         built = bdir / "out" / f"{spec.name}.so"
@@ -341,29 +351,49 @@ class Builder:
             if not path.exists() or path.read_text(errors="replace") != text:
                 path.write_text(text)
 
+    @staticmethod
+    def _pch_header(spec: BuildSpec) -> str | None:
+        files = dict(spec.sources)
+        return next((h for h in (REGISTRY_HEADER, INLINE_PRELUDE) if h in files), None)
+
     def _pch(self, spec: BuildSpec) -> Path | None:
-        """The precompiled binding header for this spec's flags, made on first use (None: none),
-        with the fixed binding.cpp compiled beside it (SHARED_BINDING) when the spec has one."""
-        header = dict(spec.sources).get("binding_registry.h")
-        if header is None:
+        """The precompiled header for this spec's flags, made on first use (None: none), with the
+        fixed binding.cpp compiled beside it (SHARED_BINDING) when the spec has one. A load_inline
+        prelude is made on its flag set's second use, and only the last INLINE_PCH_KEEP are kept."""
+        name = self._pch_header(spec)
+        if name is None:
             return None
+        header = dict(spec.sources)[name]
         binding = dict(spec.sources).get("binding.cpp")
-        key = hashlib.sha256(json.dumps([self.fingerprint, spec.name, spec.cflags, spec.cuda_cflags, spec.ldflags,
-                                         spec.with_cuda, header, binding]).encode()).hexdigest()[:20]
+        inline = name == INLINE_PRELUDE
+        # The extension's name is left out of the header's compile line (buildjob.make_pch), and only
+        # the C++ flags reach main.cpp, so one inline prelude serves every name and CUDA flag set.
+        parts = ([self.fingerprint, "inline", spec.cflags, spec.with_cuda, header] if inline else
+                 [self.fingerprint, spec.name, spec.cflags, spec.cuda_cflags, spec.ldflags, spec.with_cuda, header,
+                  binding])
+        key = ("inline-" if inline else "") + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
         pdir = self.pch_root / key
-        gch = pdir / "binding_registry.h.gch"
-        if gch.exists() or key in self._pch_failed:
-            return gch if gch.exists() else None
+        gch = pdir / f"{name}.gch"
+        if gch.exists():
+            if inline:
+                _touch(pdir)  # recently used: kept
+            return gch
+        if key in self._pch_failed:
+            return None
         self.pch_root.mkdir(parents=True, exist_ok=True)
+        if inline and not self._seen_before(key):
+            return None
         with open(self.pch_root / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if gch.exists():
                 return gch
+            if inline:
+                self._evict_inline(keep=INLINE_PCH_KEEP - 1)
             pdir.mkdir(exist_ok=True)
-            (pdir / "binding_registry.h").write_text(header)
+            (pdir / name).write_text(header)
             job = {"name": spec.name, "sources": [], "cflags": list(spec.cflags), "cuda_cflags": list(spec.cuda_cflags),
                    "ldflags": list(spec.ldflags), "include": [str(pdir)], "build_directory": str(pdir),
-                   "with_cuda": spec.with_cuda, "header": str(pdir / "binding_registry.h")}
+                   "with_cuda": spec.with_cuda, "header": str(pdir / name)}
             if binding is not None:
                 (pdir / "binding.cpp").write_text(binding)
                 job["binding"] = str(pdir / "binding.cpp")
@@ -374,8 +404,8 @@ class Builder:
                 self._pch_failed.add(key)
                 return None
             finally:
-                for name in ("probe.cpp", "probe.ninja", "job.json"):
-                    (pdir / name).unlink(missing_ok=True)
+                for leftover in ("probe.cpp", "probe.ninja", "job.json"):
+                    (pdir / leftover).unlink(missing_ok=True)
             if gch.exists():
                 if os.geteuid() == 0:  # made under the build uid; from now on read-only to it
                     for path in (pdir, *pdir.iterdir()):
@@ -385,9 +415,31 @@ class Builder:
         self._pch_failed.add(key)
         return None
 
-    @staticmethod
-    def _attach_pch(src: Path, gch: Path | None) -> None:
-        dest = src / "binding_registry.h.gch"
+    def _seen_before(self, key: str) -> bool:
+        """Whether a build has asked for this prelude before (and mark that one has now)."""
+        mark = self.pch_root / f"{key}.seen"
+        try:
+            fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return True
+        os.close(fd)
+        return False
+
+    def _evict_inline(self, keep: int) -> None:
+        """Remove all but the `keep` most recently used inline preludes. A build already compiling
+        with one has the file open; one about to start finds its link dangling and parses the
+        header instead."""
+        made = sorted((p for p in self.pch_root.glob("inline-*") if p.is_dir()),
+                      key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in made[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    @classmethod
+    def _attach_pch(cls, src: Path, gch: Path | None, spec: BuildSpec) -> None:
+        name = cls._pch_header(spec)
+        if name is None:
+            return
+        dest = src / f"{name}.gch"
         if dest.is_symlink() or dest.exists():
             dest.unlink()
         if gch is None:
@@ -436,6 +488,13 @@ class Builder:
             log_file = bdir / "process.log"
             if log_file.exists():
                 log_file.unlink()
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # owned by another user of the machine, or just evicted: only the order suffers
+        pass
 
 
 _NOISE = ("[", "FAILED", "ninja:", "Traceback", "File ", "subprocess.", "raise ", "RuntimeError", "The above")

@@ -31,8 +31,9 @@ def _accepted(fn, kwargs: dict) -> dict:
 
 
 def make_pch(ce, job: dict) -> int:
-    """Precompile the fixed binding header with exactly the compile line torch writes for the
-    extension's C++ files (read from a probe ninja file), so gcc accepts it for those files."""
+    """Precompile a judge-owned header (the binding registry, load_inline's prelude) with exactly
+    the compile line torch writes for the extension's C++ files (read from a probe ninja file), so
+    gcc accepts it for those files."""
     out = Path(job["build_directory"])
     header = Path(job["header"])
     probe = out / "probe.cpp"
@@ -50,8 +51,15 @@ def make_pch(ce, job: dict) -> int:
                + ["-o", str(dest)] + shlex.split(var.get("post_cflags", "")))
         return subprocess.run(cmd, capture_output=True, text=True)
 
+    # Without the extension's name: gcc refuses a precompiled header for a file compiled with a
+    # macro of another value, and accepts it where the macro was undefined when it was made (the
+    # headers never read it), so one header serves extensions of every name.
+    named = dict(var)
+    for k in ("cflags", "post_cflags"):
+        var[k] = shlex.join(f for f in shlex.split(var.get(k, "")) if not f.startswith("-DTORCH_EXTENSION_NAME="))
     gch = out / f"{header.name}.gch"
     res = compile_to(gch.with_suffix(".gch.tmp"), "-x", "c++-header", str(header))
+    var.update(named)
     if res.returncode != 0:
         print(f"PCH FAILED: {res.stderr[-4000:]}", file=sys.stderr)
         return 1
