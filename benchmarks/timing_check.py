@@ -16,7 +16,8 @@ timing gate, GPU work only), and the ratio to Nsight Compute; with `nvidia-smi`,
 clock, power and temperature while each was measured (in the JSON: a long compute-bound kernel
 timed back to back can run at lower clocks than one replayed under Nsight Compute), and the
 timed calls' median time between their start and end markers, with how many were timed longer
-because the device looked busy past the end marker. Targets: within 5% of Nsight Compute
+because the device looked busy past the end marker, and the checked calls' kernel time in CUDA's
+activity records (as Nsight Compute reads it, in the judge's own candidate process). Targets: within 5% of Nsight Compute
 from 10 us, within 2% from 1 ms, loaded as alone.
 
     python benchmarks/timing_check.py [--out DIR] [--sizes small|all | --cases CASE ...] [--load-all] [--no-ncu]
@@ -241,14 +242,19 @@ def markers(calls) -> dict:
     marker, and how many calls were timed longer because the device looked busy past the end
     marker (CallTimer.stop: the idle marker, less the host's reaction, beyond the slack). An honest
     kernel on one stream should have none; many means the host's reaction after a long wait is
-    read as work."""
+    read as work. And the checked calls' median device time of their kernels in CUDA's activity
+    records (`kernel_ms`): near the gated time, the kernels themselves ran that long in the judge's
+    process; near Nsight Compute's, the time went between or around them."""
     import statistics
 
+    kernel = [c.kernel_ms for c in calls if c.role == "check" and getattr(c, "kernel_ms", None) is not None]
+    kernel_ms = statistics.median(kernel) if kernel else None
     timed = [c for c in calls if c.role == "timed" and c.stream_ms is not None and c.inside_ms is not None]
     if not timed:
-        return {"stream_ms": None, "past_end": None}
+        return {"stream_ms": None, "past_end": None, "kernel_ms": kernel_ms}
     past = sum(c.inside_ms > c.stream_ms * 1.0001 + 1e-6 for c in timed)
-    return {"stream_ms": statistics.median(c.stream_ms for c in timed), "past_end": f"{past}/{len(timed)}"}
+    return {"stream_ms": statistics.median(c.stream_ms for c in timed), "past_end": f"{past}/{len(timed)}",
+            "kernel_ms": kernel_ms}
 
 
 class GpuClocks:

@@ -206,6 +206,11 @@ def test_the_same_kernel_when_the_process_opens_the_gate(judges):
     print(f"process release: correct={v.correct} failure={v.failure} runtime="
           f"{v.runtime.median_ms if v.runtime else None} ({v.runtime.source if v.runtime else None}) notes={v.notes}")
     assert v.correct and v.failure is None and reward_of(v).value >= 1, (v.failure, v.notes)
+    # the checked calls' kernel time from CUDA's activity records (a diagnostic beside the gated
+    # time) is there, and inside the call's own time
+    checked = [c for c in v.calls if c.role == "check"]
+    assert checked and all(c.kernel_ms is not None and 0 < c.kernel_ms <= c.inside_ms * 1.05 + 0.05
+                           for c in checked), [(c.kernel_ms, c.inside_ms) for c in checked]
 
 
 @pytest.mark.gpu

@@ -98,10 +98,11 @@ def test_timing_check_counts_calls_timed_past_their_end_marker():
     spec.loader.exec_module(mod)
     calls = [CallRecord(index=i, role="timed", inside_ms=0.66 if i % 2 else 0.54, outside_ms=1.0, stream_ms=0.54)
              for i in range(4)]
-    calls.append(CallRecord(index=4, role="check", inside_ms=2.0, outside_ms=2.5, stream_ms=0.5))
-    assert mod.markers(calls) == {"stream_ms": 0.54, "past_end": "2/4"}
+    calls += [CallRecord(index=4 + k, role="check", inside_ms=2.0, outside_ms=2.5, stream_ms=0.5, kernel_ms=ms)
+              for k, ms in enumerate((0.52, 0.51, 0.6))]
+    assert mod.markers(calls) == {"stream_ms": 0.54, "past_end": "2/4", "kernel_ms": 0.52}
     cpu = [CallRecord(index=0, role="timed", inside_ms=1.0, outside_ms=1.2)]  # no markers on the CPU backend
-    assert mod.markers(cpu) == {"stream_ms": None, "past_end": None}
+    assert mod.markers(cpu) == {"stream_ms": None, "past_end": None, "kernel_ms": None}
 
 
 def test_a_cpu_call_timer_reports_no_marker_time():

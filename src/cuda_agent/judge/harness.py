@@ -571,6 +571,7 @@ class Judge:
                 if listed.get("op") != "kernels":
                     raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not list its kernels")
                 reply["kernels"] = listed.get("kernels")
+                reply["kernel_ms"] = listed.get("kernel_ms")
             claimed = _num(reply.get("inside_ms"))
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
@@ -671,6 +672,7 @@ class Judge:
         v.max_rel_l2_err = max(v.max_rel_l2_err or 0.0, cmp.rel_l2_err)
         v.calls.append(CallRecord(index=i, role=role, inside_ms=claimed, outside_ms=measured,
                                   stream_ms=_num(reply.get("stream_ms")),
+                                  kernel_ms=_num(reply.get("kernel_ms")),
                                   max_abs_err=cmp.max_abs_err, rel_l2_err=cmp.rel_l2_err,
                                   rel_l2_err_f64=cmp.rel_l2_err_f64, ref_noise_rel_l2=cmp.ref_noise_rel_l2,
                                   rel_l2_bound=cmp.rel_l2_bound, ok=cmp.ok))

@@ -157,6 +157,7 @@ class CallReply(TypedDict, total=False):
     flags_changed: list[str]       # global numeric settings changed
     blocked: list[str]
     kernels: list[str]             # the CUDA kernels launched, from the `kernels` message below
+    kernel_ms: float               # and their device time, from the same message
 
 
 class KernelList(TypedDict, total=False):
@@ -165,6 +166,7 @@ class KernelList(TypedDict, total=False):
     ok: Required[bool]
     op: Literal["kernels"]
     kernels: list[str]
+    kernel_ms: float               # their device time (CUDA activity records, the gate left out)
 
 
 class Echo(TypedDict, total=False):

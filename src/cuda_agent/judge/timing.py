@@ -32,6 +32,7 @@ import torch
 
 from .verdict import Timing
 
+GATE_KERNEL = "cuda_agent_gate"
 # The gate: thread 0 of each block polls a flag in pinned host memory (sparingly: the poll crosses
 # PCIe), every other thread holds its slot at the barrier, so no other kernel can start on the SM.
 _GATE_SOURCE = r"""
@@ -63,7 +64,7 @@ def prepare_gate() -> str | None:
     global _gate_kernel, _gate_error
     if _gate_kernel is None and _gate_error is None:
         try:
-            _gate_kernel = torch.cuda._compile_kernel(_GATE_SOURCE, "cuda_agent_gate")
+            _gate_kernel = torch.cuda._compile_kernel(_GATE_SOURCE, GATE_KERNEL)
         except Exception as exc:  # no NVRTC, an old torch: calls are timed without the gate
             _gate_error = f"{type(exc).__name__}: {exc}"[:300]
     return _gate_error

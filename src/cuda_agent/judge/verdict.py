@@ -63,6 +63,10 @@ class CallRecord(BaseModel):
     # CUDA, gated calls, as the process reports it: its events' time from the start marker to the end
     # marker; inside_ms is longer where the device stayed busy past the end marker (a side stream)
     stream_ms: float | None = None
+    # CUDA, checked calls, as the process reports it: the device time of the call's kernels and
+    # copies in CUDA's activity records (as Nsight Compute reads them). A diagnostic set beside the
+    # timed calls' gated time (slow inside the kernels, or between them?); never a time the judge uses.
+    kernel_ms: float | None = None
     max_abs_err: float | None = None
     rel_l2_err: float | None = None           # against the reference (its own dtype)
     rel_l2_err_f64: float | None = None       # against the reference evaluated in float64 (checked calls)

@@ -229,7 +229,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     from . import observer as obs
     from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
     from .tensorio import leaves, pack, unpack
-    from .timing import CacheFlusher, CallTimer, touch_pages
+    from .timing import GATE_KERNEL, CacheFlusher, CallTimer, touch_pages
 
     sock = socket.socket(fileno=sock_fd)
     shared_error = None
@@ -485,8 +485,16 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             if prof is not None:
                 # Listing the profiler's events takes time that grows with the kernels launched: it
                 # is sent after the reply, once the judge's clock of the call has stopped.
-                kernels = sorted({e.name for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")})
-                chan.send({"ok": True, "op": "kernels", "kernels": kernels[:512]})
+                events = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+                kernels = sorted({e.name for e in events})
+                # The device time of the call's kernels and copies as CUDA's activity records give
+                # it (what Nsight Compute reads), the gate's spin left out: set beside the gated
+                # time it says whether a slow call was slow inside its kernels or between them.
+                try:
+                    kernel_ms = sum(e.time_range.elapsed_us() for e in events if e.name != GATE_KERNEL) / 1e3
+                except Exception:  # a profiler without time ranges: only the diagnostic is missing
+                    kernel_ms = None
+                chan.send({"ok": True, "op": "kernels", "kernels": kernels[:512], "kernel_ms": kernel_ms})
         except BaseException as exc:
             category = ErrorCategory.OOM if is_out_of_memory(exc) else ErrorCategory.RUNTIME
             reply_error(category, f"forward failed:\n{_trim_traceback(exc)}")
