@@ -56,13 +56,13 @@ def test_judge_workers_run_in_parallel_and_verdicts_come_back(config):
     with scripted_pool(config, judge_workers=2) as pool:
         pool.wait_ready(120)
         # Two tasks, two candidates each: each task's first candidate runs alone, then both run.
-        t0 = time.monotonic()
         futures = [pool.submit(task(i % 2), scripted("sleep: 1.0", "runtime: 0.5", tag=str(i))) for i in range(4)]
         verdicts = [f.result(timeout=120) for f in futures]
-        elapsed = time.monotonic() - t0
     assert all(v.correct and v.speedup_vs_eager == pytest.approx(4.0) for v in verdicts)
     assert len({v.phase_s["pid"] for v in verdicts}) == 2, "both workers judged"
-    assert elapsed < 3.5, f"4 x 1 s on 2 workers took {elapsed:.1f} s"
+    # in parallel: runs of the two workers overlapped (whatever the machine's load did to their starts)
+    runs = [(v.phase_s["started_at"], v.phase_s["ended_at"], v.phase_s["pid"]) for v in verdicts]
+    assert any(s1 < e2 and s2 < e1 for s1, e1, p1 in runs for s2, e2, p2 in runs if p1 != p2), runs
     assert all("pool_queue" in v.phase_s for v in verdicts)
 
 
