@@ -363,8 +363,8 @@ class Builder:
         name = self._pch_header(spec)
         if name is None:
             return None
-        header = dict(spec.sources)[name]
-        binding = dict(spec.sources).get("binding.cpp")
+        files = dict(spec.sources)
+        header, binding = files[name], files.get("binding.cpp")
         inline = name == INLINE_PRELUDE
         # The extension's name is left out of the header's compile line (buildjob.make_pch), and only
         # the C++ flags reach main.cpp, so one inline prelude serves every name and CUDA flag set.
@@ -429,9 +429,14 @@ class Builder:
         """Remove all but the `keep` most recently used inline preludes. A build already compiling
         with one has the file open; one about to start finds its link dangling and parses the
         header instead."""
-        made = sorted((p for p in self.pch_root.glob("inline-*") if p.is_dir()),
-                      key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in made[keep:]:
+        used = {}
+        for p in self.pch_root.glob("inline-*"):
+            try:
+                if p.is_dir():
+                    used[p] = p.stat().st_mtime
+            except OSError:  # evicted by another judge meanwhile
+                pass
+        for old in sorted(used, key=used.get, reverse=True)[keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
     @classmethod

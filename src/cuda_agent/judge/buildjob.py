@@ -46,20 +46,19 @@ def make_pch(ce, job: dict) -> int:
         key, sep, value = line.partition(" = ")
         if sep and key in ("cxx", "cflags", "post_cflags"):
             var[key] = value
-    def compile_to(dest: Path, *args: str) -> subprocess.CompletedProcess:
-        cmd = (shlex.split(var.get("cxx", "c++")) + shlex.split(var.get("cflags", "")) + list(args)
-               + ["-o", str(dest)] + shlex.split(var.get("post_cflags", "")))
+    def compile_to(dest: Path, *args: str, unnamed: bool = False) -> subprocess.CompletedProcess:
+        # unnamed: without the extension's name. gcc refuses a precompiled header for a file compiled
+        # with a macro of another value, and accepts it where the macro was undefined when it was
+        # made (the headers never read it), so one header serves extensions of every name.
+        def flags(key: str) -> list[str]:
+            return [f for f in shlex.split(var.get(key, ""))
+                    if not (unnamed and f.startswith("-DTORCH_EXTENSION_NAME="))]
+        cmd = (shlex.split(var.get("cxx", "c++")) + flags("cflags") + list(args)
+               + ["-o", str(dest)] + flags("post_cflags"))
         return subprocess.run(cmd, capture_output=True, text=True)
 
-    # Without the extension's name: gcc refuses a precompiled header for a file compiled with a
-    # macro of another value, and accepts it where the macro was undefined when it was made (the
-    # headers never read it), so one header serves extensions of every name.
-    named = dict(var)
-    for k in ("cflags", "post_cflags"):
-        var[k] = shlex.join(f for f in shlex.split(var.get(k, "")) if not f.startswith("-DTORCH_EXTENSION_NAME="))
     gch = out / f"{header.name}.gch"
-    res = compile_to(gch.with_suffix(".gch.tmp"), "-x", "c++-header", str(header))
-    var.update(named)
+    res = compile_to(gch.with_suffix(".gch.tmp"), "-x", "c++-header", str(header), unnamed=True)
     if res.returncode != 0:
         print(f"PCH FAILED: {res.stderr[-4000:]}", file=sys.stderr)
         return 1
