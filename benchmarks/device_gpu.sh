@@ -167,15 +167,17 @@ case "$stage" in
     # with MEMDIAG_VARIANTS, one JudgeConfig change each (default: touch_pages=true; measured without
     # effect on the H200: flush_l2=false, flush_after_inputs=true, spares=0). Each line gives the
     # calls' marker time beside the runtime, and the GPU's clocks while they ran.
-    timeout 150 python3 benchmarks/plane_bandwidth.py --sizes-mb 1024 --runs 12 --out "$out/plane_bandwidth.json" \
-      2>&1 | grep -v Warn | tail -14
+    # The child started plainly and also the ways the judge starts its processes (PLANE_SPAWN): the
+    # sandbox's environment, the sandbox as root, with the uid drop; then under the seccomp filter.
+    timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/plane_bandwidth.py --sizes-mb 1024 --runs 12 \
+      --spawn ${PLANE_SPAWN:-plain env sandbox-root sandbox} --out "$out/plane_bandwidth.json" 2>&1 | grep -v Warn | tail -40
     # (file names without '=': the device tool brings back only plain names)
     for v in default ${MEMDIAG_VARIANTS-touch_pages=true}; do
       set -- ; [ "$v" = default ] || set -- -c "$v"
       name=${v//=/-}
       timeout ${MEMDIAG_TIMEOUT:-120} python3 benchmarks/timing_check.py --out "$out/memdiag-$name" \
         --cases ${MEMDIAG_CASES:-ew-256M} --no-ncu "$@" > "$out/memdiag_$name.log" 2>&1
-      echo "== $v rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/memdiag_$name.log" | cut -c1-330
+      echo "== $v rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/memdiag_$name.log" | cut -c1-420
     done
     ;;
   plane)

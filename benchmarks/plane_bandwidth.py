@@ -20,7 +20,12 @@ and writes several times the call's data): does a call then start with the GPU's
 translations evicted, and does touching a byte of every 2 MiB page first (JudgeConfig.touch_pages)
 give the time back?
 
+And whether the judge's way of starting a process slows it: `--spawn` starts the child also with
+only the sandbox's environment, in the judge's sandbox as root, and with the uid drop too, and
+re-runs two conditions after installing the candidate's seccomp filter.
+
     python benchmarks/plane_bandwidth.py [--sizes-mb 128 1024] [--runs 20] [--out FILE]
+        [--spawn plain env sandbox-root sandbox]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import json, statistics, sys, torch
 from cuda_agent.judge.cudaipc import SharedGpuBuffer
 torch.cuda.init()
 handle, nbytes, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+only = set(sys.argv[4].split(",")) if len(sys.argv) > 4 and sys.argv[4] != "all" else None
 shared = SharedGpuBuffer.open(handle, nbytes).tensor
 own = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 own.copy_(shared)
@@ -163,17 +169,75 @@ conditions = {"own": dict(src=own), "shared": dict(src=shared), "shared_dirty": 
               "shared_thrashed_touched": dict(src=shared, thrash=True, touch=True)}
 got = {}
 for name, kw in conditions.items():
+    if only is not None and name not in only:
+        continue
     try:
         got[name] = timed(**kw)
     except Exception as exc:  # the other conditions still count
         print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
 for name, fn in extra.items():
+    if only is not None and name not in only:
+        continue
     try:
         got[name] = fn()
     except Exception as exc:
         print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+if only is not None and "seccomp" in only:
+    # the candidate's seccomp filter, as the worker installs it before any candidate code: does a
+    # kernel stream slower once the process is filtered?
+    from cuda_agent.judge.sandbox import install_seccomp
+    got["seccomp_installed"] = {"ok": float(install_seccomp())}
+    for name in ("shared", "ew_shared_gated"):
+        try:
+            got[name + "_after_seccomp"] = timed(**conditions[name]) if name in conditions else extra[name]()
+        except Exception as exc:
+            print(f"{name} after seccomp: {type(exc).__name__}: {exc}", file=sys.stderr)
 print(json.dumps(got))
 """
+
+
+SPAWNS = ("plain", "env", "sandbox-root", "sandbox")
+# what the other ways of starting the child compare (the first two and the seccomp re-run)
+SPAWN_CONDITIONS = "shared,ew_shared_gated,ew_shared_poisoned_gated,seccomp"
+
+
+def run_child(how: str, child_args: list[str], timeout: float) -> tuple[int, str, str]:
+    """The child started as `how`: 'plain' (this process's environment), 'env' (the environment a
+    judge's sandboxed process gets, nothing else), 'sandbox-root' (the judge's sandbox: its
+    environment, namespaces, private file-system view, pids cgroup and rlimits, as root) or
+    'sandbox' (the same with the uid drop, as the judge starts a candidate's worker)."""
+    if how == "plain":
+        res = subprocess.run([sys.executable, "-c", CHILD, *child_args], capture_output=True, text=True,
+                             timeout=timeout)
+        return res.returncode, res.stdout, res.stderr
+    import os
+    import tempfile
+
+    from cuda_agent import host
+    from cuda_agent.judge.sandbox import ENV_KEEP, SandboxSpec, Sandboxed, is_root, new_workdir, work_root_dir
+
+    if how == "env":
+        with tempfile.TemporaryDirectory() as home:
+            env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+            env.update({"HOME": home, "TMPDIR": home, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+            res = subprocess.run([sys.executable, "-I", "-c", CHILD, *child_args], capture_output=True, text=True,
+                                 timeout=timeout, env=env, cwd=home)
+        return res.returncode, res.stdout, res.stderr
+    if not is_root():
+        return 2, "", f"{how}: the judge's sandbox spawn needs root here"
+    uid = host.JUDGE_UIDS.start + 999 if how == "sandbox" else None
+    spec = SandboxSpec(argv=[sys.executable, "-I", "-c", CHILD, *child_args],
+                       workdir=new_workdir(work_root_dir() / "runs", "planebw-"), uid=uid)
+    proc = Sandboxed(spec)
+    try:
+        rc = proc.proc.wait(timeout=timeout)
+        text = proc.log_path.read_text(errors="replace")
+    finally:
+        proc.kill()
+        proc.cleanup()
+    lines = text.splitlines()
+    out = [ln for ln in lines if ln.startswith("{")]
+    return rc, "\n".join(out), "\n".join(ln for ln in lines if not ln.startswith("{"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes-mb", type=int, nargs="+", default=[32, 128, 1024])
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--out", type=Path)
+    p.add_argument("--spawn", nargs="+", choices=SPAWNS, default=["plain"],
+                   help="how the child is started: 'plain' runs every condition; the others (the sandbox's "
+                        "environment only, the judge's sandbox as root, the same with the uid drop) run the "
+                        f"ones that tell them apart ({SPAWN_CONDITIONS}: the last re-runs two of them after "
+                        "installing the candidate's seccomp filter)")
     args = p.parse_args(argv)
 
     import torch
@@ -196,28 +265,34 @@ def main(argv: list[str] | None = None) -> int:
         buf = SharedGpuBuffer.create(nbytes)
         buf.tensor.random_(0, 255)
         torch.cuda.synchronize()
-        res = subprocess.run([sys.executable, "-c", CHILD, buf.handle.hex(), str(nbytes), str(args.runs)],
-                             capture_output=True, text=True, timeout=300)
+        for how in args.spawn:
+            which = "all" if how == "plain" else SPAWN_CONDITIONS
+            rc, stdout, stderr = run_child(how, [buf.handle.hex(), str(nbytes), str(args.runs), which], 300)
+            if rc != 0 or not stdout.strip():
+                print(f"{mb} MB ({how}): child failed (exit {rc}): {stderr.strip()[-500:]}", file=sys.stderr)
+                continue
+            if stderr.strip():
+                print(f"{mb} MB ({how}): {stderr.strip()[-800:]}", file=sys.stderr)
+            got = json.loads(stdout.strip().splitlines()[-1])
+            row = {"mb": mb, "spawn": how, "conditions": got}
+            if "own" in got and "shared" in got:
+                own_ms, shared_ms = got["own"]["events_ms"], got["shared"]["events_ms"]
+                row.update(shared_ms=shared_ms, own_ms=own_ms, ratio=shared_ms / own_ms,
+                           own_gbps=2 * nbytes / own_ms / 1e6)
+                print(f"{mb:6d} MB  y = 2x reading the shared mapping {shared_ms:.4f} ms, own memory "
+                      f"{own_ms:.4f} ms ({row['own_gbps']:.0f} GB/s): ratio {row['ratio']:.3f}")
+            rows.append(row)
+            print(f"{mb:6d} MB  child started {how}:")
+            for name, r in got.items():
+                print(f"         {name:28s} " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                                         for k, v in r.items()))
         buf.close()
-        if res.returncode != 0:
-            print(f"{mb} MB: child failed: {res.stderr.strip()[-500:]}", file=sys.stderr)
-            return 1
-        if res.stderr.strip():
-            print(f"{mb} MB: {res.stderr.strip()[-800:]}", file=sys.stderr)
-        got = json.loads(res.stdout.strip().splitlines()[-1])
-        own_ms, shared_ms = got["own"]["events_ms"], got["shared"]["events_ms"]
-        row = {"mb": mb, "shared_ms": shared_ms, "own_ms": own_ms, "ratio": shared_ms / own_ms,
-               "own_gbps": 2 * nbytes / own_ms / 1e6, "conditions": got}
-        rows.append(row)
-        print(f"{mb:6d} MB  y = 2x reading the shared mapping {shared_ms:.4f} ms, own memory "
-              f"{own_ms:.4f} ms ({row['own_gbps']:.0f} GB/s): ratio {row['ratio']:.3f}")
-        for name, r in got.items():
-            print(f"         {name:18s} " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                                   for k, v in r.items()))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
-    print(f"median ratio {statistics.median(r['ratio'] for r in rows):.3f}")
-    return 0
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    if ratios:
+        print(f"median ratio {statistics.median(ratios):.3f}")
+    return 0 if rows else 1
 
 
 if __name__ == "__main__":

@@ -395,8 +395,9 @@ def main() -> int:
                                  "source": v.runtime.source if v.runtime else None, "gpu": clocks.summary(),
                                  **markers(v.calls),
                                  "notes": v.notes, "failure": v.failure.message[:300] if v.failure else None}
+                    row[cond]["eager_ms"] = v.eager_ms
                     print(f"{cond:10s} {label:9s} {row[cond]['runtime_ms']} ms ({row[cond]['source']}) "
-                          f"correct={v.correct} markers={markers(v.calls)} gpu={clocks.summary()} "
+                          f"eager={v.eager_ms} correct={v.correct} markers={markers(v.calls)} gpu={clocks.summary()} "
                           f"{'; '.join(v.notes)[:200]}", flush=True)
                     if cond == "alone" and not args.no_ncu:
                         spec = workspace_spec(Candidate.from_path(wss[kind]).kernels, f"ws:timing-{kind}", "cuda")
