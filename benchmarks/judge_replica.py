@@ -1,0 +1,174 @@
+"""Which part of a judge's call cycle slows a memory-bound kernel in the candidate's process?
+
+Inside the judge, timing_check's 1 GB elementwise kernel runs 0.645 ms by CUDA's own activity
+records; the same kernel in a plain process takes 0.54 ms, as Nsight Compute says, whether that
+process reads the judge's shared GPU memory or its own, runs in the judge's sandbox or not, and
+whatever the idle gaps between calls (plane_bandwidth.py, clock_ramp.py). What a plain process
+does not do is the rest of the judge's cycle around each call. This script plays that cycle with two
+plain processes, a "judge" and a "worker" sharing a GPU buffer as the judge and its candidate
+process do, adding one part at a time:
+
+- `bare`: the worker flushes the L2 and times the kernel behind the judge's gate (CallTimer) on
+  the same inputs every call;
+- `judge_writes`: before each call the judge draws fresh inputs and copies them into the shared
+  buffer from its own CUDA context, then tells the worker to go (as `pack` does);
+- `worker_writes`: the same inputs written by the worker itself, after its flush;
+- `out_alive`: `judge_writes`, with the worker's last output still alive while the next is made
+  (the judge's worker keeps it until the next call returns);
+- `packed`: `out_alive`, and after the call the worker copies its output into the shared buffer;
+- `judged`: `packed`, and the judge runs the reference on the inputs before the call and compares
+  the output after it, in its own context (the judge's whole cycle);
+- `judged_profiled`: `judged` with the profiler's CUDA activity around each call (checked calls).
+
+    python benchmarks/judge_replica.py [--mb 1024] [--runs 15] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CONDITIONS = ("bare", "judge_writes", "worker_writes", "out_alive", "packed", "judged", "judged_profiled")
+
+WORKER = r"""
+import json, socket, sys, torch
+from cuda_agent.judge.cudaipc import SharedGpuBuffer
+from cuda_agent.judge.timing import CallTimer
+torch.cuda.init()
+fd, handle, nbytes = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+sock = socket.socket(fileno=fd)
+f = sock.makefile("rw")
+shared = SharedGpuBuffer.open(handle, 2 * nbytes).tensor
+n = nbytes // 4
+x = shared[:nbytes].view(torch.float32)
+out_region = shared[nbytes:].view(torch.float32)
+l2 = torch.cuda.get_device_properties(0).L2_cache_size
+cold = torch.ones(2 * l2 // 4, device="cuda")
+own_inputs = torch.randn(n, device="cuda")
+EW = r'''
+extern "C" __global__ void scale_shift_kernel(const float4* __restrict__ x, float4* __restrict__ y, long long n4) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
+        float4 v = x[i];
+        y[i] = make_float4(v.x * 2.0f + 1.0f, v.y * 2.0f + 1.0f, v.z * 2.0f + 1.0f, v.w * 2.0f + 1.0f);
+    }
+}
+'''
+ew = torch.cuda._compile_kernel(EW, "scale_shift_kernel")
+timer = CallTimer("cuda")
+last = None
+for line in f:
+    msg = json.loads(line)
+    if msg["op"] == "exit":
+        break
+    if msg["op"] == "prepare":
+        if msg.get("worker_writes"):
+            cold.sum(); torch.cuda.synchronize()
+            x.copy_(own_inputs)
+        else:
+            cold.sum()
+        torch.cuda.synchronize()
+        f.write("{}\n"); f.flush()
+        continue
+    # call
+    prof = None
+    if msg.get("profiled"):
+        from torch.profiler import ProfilerActivity, profile
+        prof = profile(activities=[ProfilerActivity.CUDA]); prof.__enter__()
+    keep = last if msg.get("out_alive") else None
+    last = None
+    timer.start()
+    y = torch.empty_like(x)
+    n4 = n // 4
+    ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, y, n4])
+    ms = timer.stop()
+    if prof is not None:
+        prof.__exit__(None, None, None)
+    if msg.get("pack"):
+        out_region.copy_(y)
+        torch.cuda.synchronize()
+    last = y
+    del keep
+    f.write(json.dumps({"ms": ms}) + "\n"); f.flush()
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mb", type=int, default=1024)
+    p.add_argument("--runs", type=int, default=15)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("judge_replica.py: needs a CUDA device", file=sys.stderr)
+        return 2
+    from cuda_agent.judge.cudaipc import SharedGpuBuffer
+
+    nbytes = args.mb << 20
+    buf = SharedGpuBuffer.create(2 * nbytes)
+    region = buf.tensor[:nbytes].view(torch.float32)
+    out_region = buf.tensor[nbytes:].view(torch.float32)
+    region.copy_(torch.randn(nbytes // 4, device="cuda"))
+    torch.cuda.synchronize()
+    mine, theirs = socket.socketpair()
+    child = subprocess.Popen([sys.executable, "-c", WORKER, str(theirs.fileno()), buf.handle.hex(), str(nbytes)],
+                             pass_fds=(theirs.fileno(),))
+    theirs.close()
+    f = mine.makefile("rw")
+
+    def ask(msg: dict) -> dict:
+        f.write(json.dumps(msg) + "\n")
+        f.flush()
+        return json.loads(f.readline())
+
+    rows = []
+    try:
+        for cond in CONDITIONS:
+            writes = cond != "bare" and cond != "worker_writes"
+            flags = {"out_alive": cond in ("out_alive", "packed", "judged", "judged_profiled"),
+                     "pack": cond in ("packed", "judged", "judged_profiled"),
+                     "profiled": cond == "judged_profiled"}
+            judged = cond in ("judged", "judged_profiled")
+            times = []
+            for _ in range(args.runs + 3):
+                expected = None
+                fresh = torch.randn(nbytes // 4, device="cuda") if writes else None
+                if judged:
+                    expected = fresh * 2.0 + 1.0
+                    _ = fresh.double() * 2.0 + 1.0  # the float64 reference of the checked calls
+                torch.cuda.synchronize()
+                ask({"op": "prepare", "worker_writes": cond == "worker_writes"})
+                if writes:
+                    region.copy_(fresh)
+                    torch.cuda.synchronize()  # in place before the worker hears of them
+                got = ask({"op": "call", **flags})
+                times.append(got["ms"])
+                if judged:
+                    assert torch.allclose(out_region, expected)
+                del fresh, expected
+            row = {"condition": cond, "ms": statistics.median(times[3:]), "min_ms": min(times[3:])}
+            rows.append(row)
+            print(f"{cond:16s} {row['ms']:.4f} ms (min {row['min_ms']:.4f})", flush=True)
+    finally:
+        try:
+            f.write(json.dumps({"op": "exit"}) + "\n")
+            f.flush()
+        except OSError:
+            pass
+        child.wait(timeout=60)
+        buf.close()
+    if args.out:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "mb": args.mb, "rows": rows},
+                                       indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
