@@ -20,7 +20,11 @@ process do, adding one part at a time:
   the output after it, in its own context (the judge's whole cycle);
 - `judged_profiled`: `judged` with the profiler's CUDA activity around each call (checked calls).
 
-    python benchmarks/judge_replica.py [--mb 1024] [--runs 15] [--out FILE]
+With `--judge-build`, the same kernel as the judge builds it (timing_check's workspace, nvcc, the
+binding) instead of NVRTC's, `bare` and `judged` (`so_bare`, `so_judged`), then with the judge's
+operator observer installed in the worker (`observer_so_bare`, `observer_so_judged`).
+
+    python benchmarks/judge_replica.py [--mb 1024] [--runs 15] [--judge-build] [--out FILE]
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import sys
 from pathlib import Path
 
 CONDITIONS = ("bare", "judge_writes", "worker_writes", "out_alive", "packed", "judged", "judged_profiled")
+BUILT = ("so_bare", "so_judged", "observer_so_bare", "observer_so_judged")
 
 WORKER = r"""
 import json, socket, sys, torch
@@ -61,10 +66,23 @@ extern "C" __global__ void scale_shift_kernel(const float4* __restrict__ x, floa
 ew = torch.cuda._compile_kernel(EW, "scale_shift_kernel")
 timer = CallTimer("cuda")
 last = None
+ext = None
 for line in f:
     msg = json.loads(line)
     if msg["op"] == "exit":
         break
+    if msg["op"] == "load":
+        import importlib.util
+        def load(name, path):
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); return mod
+        if msg.get("library"):
+            ext = load("cuda_extension", msg["library"])
+        if msg.get("observer"):
+            from cuda_agent.judge import observer as obs
+            load(obs.MODULE, msg["observer"]).install(obs.new_token())
+        f.write("{}\n"); f.flush()
+        continue
     if msg["op"] == "prepare":
         if msg.get("worker_writes"):
             cold.sum(); torch.cuda.synchronize()
@@ -82,9 +100,12 @@ for line in f:
     keep = last if msg.get("out_alive") else None
     last = None
     timer.start()
-    y = torch.empty_like(x)
-    n4 = n // 4
-    ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, y, n4])
+    if msg.get("so"):
+        y = ext.scale_shift_forward(x)
+    else:
+        y = torch.empty_like(x)
+        n4 = n // 4
+        ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, y, n4])
     ms = timer.stop()
     if prof is not None:
         prof.__exit__(None, None, None)
@@ -101,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=int, default=1024)
     p.add_argument("--runs", type=int, default=15)
+    p.add_argument("--judge-build", action="store_true",
+                   help="also the kernel as the judge builds it, then with the judge's observer in the worker")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
@@ -128,14 +151,36 @@ def main(argv: list[str] | None = None) -> int:
         f.flush()
         return json.loads(f.readline())
 
+    library = observer = None
+    if args.judge_build:
+        import tempfile
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from timing_check import workspace
+
+        from cuda_agent.candidate import Candidate
+        from cuda_agent.judge import Judge, JudgeConfig
+        from cuda_agent.judge.build import workspace_spec
+
+        with Judge(JudgeConfig(device="cuda", compile_mode="none", spares=0)) as judge:
+            ws = workspace(Path(tempfile.mkdtemp(prefix="replica-")), "ew")
+            library = str(judge.builder.build(workspace_spec(Candidate.from_path(ws).kernels, "ws:timing-ew",
+                                                             "cuda")).library)
+            observer = str(judge.builds.observer_library())
+
     rows = []
     try:
-        for cond in CONDITIONS:
-            writes = cond != "bare" and cond != "worker_writes"
-            flags = {"out_alive": cond in ("out_alive", "packed", "judged", "judged_profiled"),
-                     "pack": cond in ("packed", "judged", "judged_profiled"),
-                     "profiled": cond == "judged_profiled"}
-            judged = cond in ("judged", "judged_profiled")
+        for cond in CONDITIONS + (BUILT if library else ()):
+            if cond == "so_bare":
+                ask({"op": "load", "library": library})
+            elif cond == "observer_so_bare":
+                ask({"op": "load", "observer": observer})
+            base = cond.removeprefix("observer_").removeprefix("so_")
+            writes = base not in ("bare", "worker_writes")
+            flags = {"out_alive": base in ("out_alive", "packed", "judged", "judged_profiled"),
+                     "pack": base in ("packed", "judged", "judged_profiled"),
+                     "profiled": base == "judged_profiled", "so": cond.startswith(("so_", "observer_"))}
+            judged = base in ("judged", "judged_profiled")
             times = []
             for _ in range(args.runs + 3):
                 expected = None
