@@ -831,8 +831,11 @@ def run_ncu(record: Record, entry: dict, out: Path, forwards: int, timeout_s: fl
     judge_ms = (v.get("runtime") or {}).get("median_ms")
     result = {"key": record.key, "level": record.level, "judge_ms": judge_ms, "forwards": forwards,
               "ncu_ms": None, "kernels_per_forward": None, "ratio": None, "error": None}
+    from cuda_agent.judge.devlock import counters_lock
+
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        with counters_lock(os.environ.get("CUDA_VISIBLE_DEVICES")).hold(exclusive=True):  # one ncu per GPU
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         result["error"] = f"ncu did not finish within {timeout_s:.0f} s"
         return result

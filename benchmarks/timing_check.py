@@ -311,7 +311,10 @@ def ncu_ms(lib: Path, ws: Path, task_file: Path, calls: int = 5) -> float | None
     cmd = [ncu, "--csv", "--metrics", "gpu__time_duration.sum", "--profile-from-start", "off",
            "--cache-control", "all", "--clock-control", "none", sys.executable, str(runner), str(lib),
            str(ws / "model_new.py"), str(task_file), str(calls)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    from cuda_agent.judge.devlock import counters_lock
+
+    with counters_lock(os.environ.get("CUDA_VISIBLE_DEVICES")).hold(exclusive=True):  # one ncu per GPU
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return ncu_ms_per_forward(out.stdout, calls)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import judge_cache_dir, read_header
-from cuda_agent.judge.devlock import DeviceLock, gpu_lock_path, host_lock_path
+from cuda_agent.judge.devlock import DeviceLock, counters_lock, gpu_lock_path, host_lock_path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CTX = multiprocessing.get_context("fork")
@@ -93,6 +93,10 @@ def test_a_holder_killed_mid_call_leaves_the_device_free(tmp_path):
 def test_the_lock_of_a_gpu_is_named_by_the_first_visible_device():
     assert gpu_lock_path("3") == gpu_lock_path("3,4") != gpu_lock_path("4")
     assert gpu_lock_path(None) == gpu_lock_path("") == gpu_lock_path("0")
+    # Nsight Compute's lock: one per GPU too, apart from the timing lock (a profile does not wait
+    # for other judges' checked calls, only for another ncu)
+    assert counters_lock("3").path == counters_lock("3,4").path != counters_lock("4").path
+    assert counters_lock("3").path != gpu_lock_path("3")
     odd = gpu_lock_path("GPU-8f/../x")
     assert odd.parent == gpu_lock_path("0").parent and "/" not in odd.name and ".." not in odd.name
 

@@ -102,10 +102,20 @@ def test_problems_are_recognised():
 
 
 FAKE_NCU = """#!{python}
-# Stand-in for ncu: records its command line and writes {what} to --log-file.
-import json, sys
+# Stand-in for ncu: records its command line, whether this GPU's counters lock is held while it
+# runs, and writes {what} to --log-file.
+import fcntl, json, os, sys
 args = sys.argv[1:]
 open({argv_file!r}, "w").write(json.dumps(args))
+held = None
+if os.path.exists({lock!r}):
+    fd = os.open({lock!r}, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held = False
+    except BlockingIOError:
+        held = True
+open({argv_file!r} + ".lock", "w").write(json.dumps(held))
 log = args[args.index("--log-file") + 1]
 open(log, "w").write(open({report!r}).read())
 print({stdout!r})
@@ -113,10 +123,13 @@ print({stdout!r})
 
 
 def _fake_ncu(folder: Path, report: Path, stdout: str = "") -> Path:
+    from cuda_agent.judge.devlock import counters_lock
+
     folder.mkdir(parents=True, exist_ok=True)
     exe = folder / "ncu"
     exe.write_text(FAKE_NCU.format(python=sys.executable, what=report.name, argv_file=str(folder / "argv.json"),
-                                   report=str(report), stdout=stdout))
+                                   report=str(report), stdout=stdout,
+                                   lock=str(counters_lock(os.environ.get("CUDA_VISIBLE_DEVICES")).path)))
     exe.chmod(0o755)
     return exe
 
@@ -140,6 +153,7 @@ def test_profile_tool_starts_ncu_with_the_candidate_confined(toolbox, tmp_path, 
     from cuda_agent.judge.verdict import Verdict
 
     bin_dir = tmp_path / "bin"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "test-ncu-lock")  # a lock of its own
     _fake_ncu(bin_dir, FIXTURE)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     sol = speed_of_light(count_work(toolbox.task.source), "NVIDIA H200")
@@ -152,6 +166,8 @@ def test_profile_tool_starts_ncu_with_the_candidate_confined(toolbox, tmp_path, 
     assert argv[argv.index("--metrics") + 1] == ",".join(ncu.NCU_METRICS)
     tail = argv[argv.index("cuda_agent.agent.profile_run"):]
     assert {"--ncu", "--confine", "--candidate"} <= set(tail)
+    # the GPU's counters serve one ncu at a time: the tool held this GPU's lock while ncu ran
+    assert json.loads((bin_dir / "argv.json.lock").read_text()) is True
 
 
 def test_profile_tool_says_why_ncu_gave_nothing(toolbox, tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from cuda_agent.candidate import Candidate, CandidateError
 from cuda_agent.judge import FailureCategory, Judge, JudgeConfig, JudgeError, Verdict
 from cuda_agent.judge.buildplan import BuildOutcome
+from cuda_agent.judge.devlock import counters_lock
 from cuda_agent.llm import ToolCall
 from cuda_agent.hardware import ncu
 from cuda_agent.report import fmt_pct, fmt_x
@@ -538,7 +539,7 @@ class Toolbox:
                 ",".join(ncu.NCU_METRICS), "--log-file", str(log), sys.executable, "-m",
                 "cuda_agent.agent.profile_run", "--reference", str(reference), "--device", "cuda", "--ncu",
                 *cand_args]
-        with self.gate.exclusive():
+        with self.gate.exclusive(), counters_lock(os.environ.get("CUDA_VISIBLE_DEVICES")).hold(exclusive=True):
             code, out, err = self.run_process(argv, self.config.profile_timeout_s)
         report = log.read_text(errors="replace") if log.exists() else ""
         problem = ncu.ncu_problem(report + "\n" + out + "\n" + err)

@@ -59,10 +59,21 @@ def host_lock_path() -> Path:
     return _lock_folder() / "cpu.lock"
 
 
+def _first_gpu(visible: str | None) -> str:
+    first = (visible or "0").split(",")[0].strip() or "0"
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in first)
+
+
 def gpu_lock_path(visible: str | None) -> Path:
     """The lock of the GPU a process sees first (its CUDA_VISIBLE_DEVICES, as the pool or Ray set
     it), under this machine's temporary folder: every judge on this machine that shares that GPU,
     in any pool, takes the same lock."""
-    first = (visible or "0").split(",")[0].strip() or "0"
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in first)
-    return _lock_folder() / f"gpu-{safe}.lock"
+    return _lock_folder() / f"gpu-{_first_gpu(visible)}.lock"
+
+
+def counters_lock(visible: str | None) -> DeviceLock:
+    """Nsight Compute's lock of the GPU a process sees first. A GPU's performance counters serve
+    one profiling session at a time: a second ncu started meanwhile fails ("a driver resource was
+    unavailable"), so every ncu this project starts (the agent's profile tool of any agent on the
+    machine, the benchmarks) holds this alone for its whole run."""
+    return DeviceLock(_lock_folder() / f"ncu-{_first_gpu(visible)}.lock")
