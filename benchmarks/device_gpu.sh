@@ -3,7 +3,7 @@
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
 # Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, memdiag, plane,
-# fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
+# replica, fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
@@ -179,6 +179,12 @@ case "$stage" in
         --cases ${MEMDIAG_CASES:-ew-256M} --no-ncu "$@" > "$out/memdiag_$name.log" 2>&1
       echo "== $v rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/memdiag_$name.log" | cut -c1-420
     done
+    ;;
+  replica)
+    # The judge's call cycle played by two plain processes, then with the kernel as the judge builds
+    # it, the operator observer and the rest of a worker's set-up (which one slows a 1 GB kernel?).
+    timeout ${REPLICA_TIMEOUT:-240} python3 benchmarks/judge_replica.py --judge-build \
+      --out "$out/judge_replica.json" 2>&1 | grep -v -i warn | tail -16
     ;;
   plane)
     timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200

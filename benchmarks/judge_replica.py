@@ -22,7 +22,9 @@ process do, adding one part at a time:
 
 With `--judge-build`, the same kernel as the judge builds it (timing_check's workspace, nvcc, the
 binding) instead of NVRTC's, `bare` and `judged` (`so_bare`, `so_judged`), then with the judge's
-operator observer installed in the worker (`observer_so_bare`, `observer_so_judged`).
+operator observer installed in the worker (`observer_so_bare`, `observer_so_judged`), then also
+the rest of a worker's set-up (a spare's profiler warm-up and dispatch-mode warm-up, true fp32:
+`setup_so_bare`, `setup_so_judged`).
 
     python benchmarks/judge_replica.py [--mb 1024] [--runs 15] [--judge-build] [--out FILE]
 """
@@ -38,7 +40,7 @@ import sys
 from pathlib import Path
 
 CONDITIONS = ("bare", "judge_writes", "worker_writes", "out_alive", "packed", "judged", "judged_profiled")
-BUILT = ("so_bare", "so_judged", "observer_so_bare", "observer_so_judged")
+BUILT = ("so_bare", "so_judged", "observer_so_bare", "observer_so_judged", "setup_so_bare", "setup_so_judged")
 
 WORKER = r"""
 import json, socket, sys, torch
@@ -81,6 +83,10 @@ for line in f:
         if msg.get("observer"):
             from cuda_agent.judge import observer as obs
             load(obs.MODULE, msg["observer"]).install(obs.new_token())
+        if msg.get("setup"):
+            from cuda_agent.host import true_fp32
+            from cuda_agent.judge.worker import _warm_profiler, warm_dispatch
+            _warm_profiler(torch); warm_dispatch(torch); true_fp32(torch)
         f.write("{}\n"); f.flush()
         continue
     if msg["op"] == "prepare":
@@ -175,11 +181,13 @@ def main(argv: list[str] | None = None) -> int:
                 ask({"op": "load", "library": library})
             elif cond == "observer_so_bare":
                 ask({"op": "load", "observer": observer})
-            base = cond.removeprefix("observer_").removeprefix("so_")
+            elif cond == "setup_so_bare":
+                ask({"op": "load", "setup": True})
+            base = cond.removeprefix("setup_").removeprefix("observer_").removeprefix("so_")
             writes = base not in ("bare", "worker_writes")
             flags = {"out_alive": base in ("out_alive", "packed", "judged", "judged_profiled"),
                      "pack": base in ("packed", "judged", "judged_profiled"),
-                     "profiled": base == "judged_profiled", "so": cond.startswith(("so_", "observer_"))}
+                     "profiled": base == "judged_profiled", "so": cond.startswith(("so_", "observer_", "setup_"))}
             judged = base in ("judged", "judged_profiled")
             times = []
             for _ in range(args.runs + 3):
