@@ -269,3 +269,44 @@ def test_cuda_spare_worker_runs_under_its_own_uid_with_the_gpu_plane(tmp_path):
         assert v.reduced_isolation == []
         assert any(x.startswith("uid ") for x in v.isolation) and "private mounts" in v.isolation
     assert not any("GPU sharing unavailable" in n for n in v.notes), v.notes
+
+
+HOG = textwrap.dedent("""
+    import time
+    blocks = []
+    for _ in range(8):                # 8 x 64 MiB, every page written
+        blocks.append(bytearray(64 << 20))
+    time.sleep(60)
+""")
+
+
+def test_the_memory_watchdog_stops_a_process_over_its_limit_while_the_judge_waits(tmp_path):
+    """Session.recv, waiting for an answer that never comes, fails the run as `oom` once the
+    process's resident memory passes the limit: the host's own OOM killer is never the judge's
+    watchdog (the fault fixture that allocates 1 GiB blocks can time out first on a host whose
+    memory is slow to reclaim)."""
+    from cuda_agent import host
+    from cuda_agent.judge.evaluation import Stop
+    from cuda_agent.judge.protocol import ChannelTimeout
+    from cuda_agent.judge.session import Session
+    from cuda_agent.judge.verdict import FailureCategory
+
+    class Silent:  # a channel on which the worker never answers
+        def recv(self, timeout: float):
+            time.sleep(timeout)
+            raise ChannelTimeout("nothing yet")
+
+    spec = sb.SandboxSpec(argv=[sys.executable, "-I", "-c", HOG], workdir=tmp_path / "hog",
+                          uid=host.JUDGE_UIDS.start + 998 if os.geteuid() == 0 else None)
+    proc = sb.Sandboxed(spec)
+    try:
+        session = Session(proc, Silent(), plane=None, memory_limit_mb=256, disk_limit_mb=4096)
+        t0 = time.monotonic()
+        with pytest.raises(Stop) as stop:
+            session.recv(time.monotonic() + 50, "call 0")
+        assert stop.value.failure.category is FailureCategory.OOM, stop.value
+        assert "exceeded 256 MiB of host memory during call 0" in stop.value.failure.message
+        assert time.monotonic() - t0 < 45  # the watchdog, not the deadline
+    finally:
+        proc.kill()
+        proc.cleanup()
