@@ -39,6 +39,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing_check import EW_PROBE, workspace  # noqa: E402  (timing_check's kernel and workspace)
+
 CONDITIONS = ("bare", "judge_writes", "worker_writes", "out_alive", "packed", "judged", "judged_profiled")
 BUILT = ("so_bare", "so_judged", "observer_so_bare", "observer_so_judged", "setup_so_bare", "setup_so_judged")
 
@@ -57,15 +60,7 @@ out_region = shared[nbytes:].view(torch.float32)
 l2 = torch.cuda.get_device_properties(0).L2_cache_size
 cold = torch.ones(2 * l2 // 4, device="cuda")
 own_inputs = torch.randn(n, device="cuda")
-EW = r'''
-extern "C" __global__ void scale_shift_kernel(const float4* __restrict__ x, float4* __restrict__ y, long long n4) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
-        float4 v = x[i];
-        y[i] = make_float4(v.x * 2.0f + 1.0f, v.y * 2.0f + 1.0f, v.z * 2.0f + 1.0f, v.w * 2.0f + 1.0f);
-    }
-}
-'''
-ew = torch.cuda._compile_kernel(EW, "scale_shift_kernel")
+# __EW_PROBE__
 timer = CallTimer("cuda")
 last = None
 ext = None
@@ -110,8 +105,7 @@ for line in f:
         y = ext.scale_shift_forward(x)
     else:
         y = torch.empty_like(x)
-        n4 = n // 4
-        ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, y, n4])
+        ew_call(x, y)
     ms = timer.stop()
     if prof is not None:
         prof.__exit__(None, None, None)
@@ -147,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     region.copy_(torch.randn(nbytes // 4, device="cuda"))
     torch.cuda.synchronize()
     mine, theirs = socket.socketpair()
-    child = subprocess.Popen([sys.executable, "-c", WORKER, str(theirs.fileno()), buf.handle.hex(), str(nbytes)],
+    worker = WORKER.replace("# __EW_PROBE__\n", EW_PROBE)
+    child = subprocess.Popen([sys.executable, "-c", worker, str(theirs.fileno()), buf.handle.hex(), str(nbytes)],
                              pass_fds=(theirs.fileno(),))
     theirs.close()
     f = mine.makefile("rw")
@@ -160,9 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     library = observer = None
     if args.judge_build:
         import tempfile
-
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from timing_check import workspace
 
         from cuda_agent.candidate import Candidate
         from cuda_agent.judge import Judge, JudgeConfig

@@ -94,19 +94,7 @@ def timed(src, dirty=False, fresh_out=False, profiled=False, thrash=False, touch
     return row
 
 # timing_check's elementwise kernel itself (float4 grid-stride, blocks capped at 132 x 16), compiled here
-EW = r'''
-extern "C" __global__ void scale_shift_kernel(const float4* __restrict__ x, float4* __restrict__ y, int n4) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
-        float4 v = x[i];
-        y[i] = make_float4(v.x * 2.0f + 1.0f, v.y * 2.0f + 1.0f, v.z * 2.0f + 1.0f, v.w * 2.0f + 1.0f);
-    }
-}
-'''
-ew = torch.cuda._compile_kernel(EW, "scale_shift_kernel")
-
-def ew_call(x, out):
-    n4 = x.numel() // 4
-    ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, out, n4])
+# __EW_PROBE__
 
 def timed_kernel(src, kernel, gated=False):
     # plain events around the kernel, or the judge's own CallTimer (the gate, then events): is it
@@ -196,6 +184,10 @@ print(json.dumps(got))
 """
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing_check import EW_PROBE  # noqa: E402  (the probes' one copy of timing_check's kernel)
+
+CHILD = CHILD.replace("# __EW_PROBE__\n", EW_PROBE)
 SPAWNS = ("plain", "env", "sandbox-root", "sandbox")
 # what the other ways of starting the child compare (the first two and the seccomp re-run)
 SPAWN_CONDITIONS = "shared,ew_shared_gated,ew_shared_poisoned_gated,seccomp"
@@ -210,18 +202,15 @@ def run_child(how: str, child_args: list[str], timeout: float) -> tuple[int, str
         res = subprocess.run([sys.executable, "-c", CHILD, *child_args], capture_output=True, text=True,
                              timeout=timeout)
         return res.returncode, res.stdout, res.stderr
-    import os
     import tempfile
 
     from cuda_agent import host
-    from cuda_agent.judge.sandbox import ENV_KEEP, SandboxSpec, Sandboxed, is_root, new_workdir, work_root_dir
+    from cuda_agent.judge.sandbox import SandboxSpec, Sandboxed, is_root, new_workdir, sandbox_env, work_root_dir
 
     if how == "env":
         with tempfile.TemporaryDirectory() as home:
-            env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-            env.update({"HOME": home, "TMPDIR": home, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"})
             res = subprocess.run([sys.executable, "-I", "-c", CHILD, *child_args], capture_output=True, text=True,
-                                 timeout=timeout, env=env, cwd=home)
+                                 timeout=timeout, env=sandbox_env(Path(home)), cwd=home)
         return res.returncode, res.stdout, res.stderr
     if not is_root():
         return 2, "", f"{how}: the judge's sandbox spawn needs root here"
