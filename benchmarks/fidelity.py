@@ -834,7 +834,7 @@ def run_ncu(record: Record, entry: dict, out: Path, forwards: int, timeout_s: fl
     from cuda_agent.judge.devlock import counters_lock
 
     try:
-        with counters_lock(os.environ.get("CUDA_VISIBLE_DEVICES")).hold(exclusive=True):  # one ncu per GPU
+        with counters_lock().hold(exclusive=True):  # one ncu per GPU
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         result["error"] = f"ncu did not finish within {timeout_s:.0f} s"

@@ -332,7 +332,7 @@ def ncu_ms(lib: Path, ws: Path, task_file: Path, calls: int = 5) -> float | None
            str(ws / "model_new.py"), str(task_file), str(calls)]
     from cuda_agent.judge.devlock import counters_lock
 
-    with counters_lock(os.environ.get("CUDA_VISIBLE_DEVICES")).hold(exclusive=True):  # one ncu per GPU
+    with counters_lock().hold(exclusive=True):  # one ncu per GPU
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return ncu_ms_per_forward(out.stdout, calls)
 
@@ -416,8 +416,8 @@ def main() -> int:
                                  "min_ms": v.runtime.min_ms if v.runtime else None,
                                  "source": v.runtime.source if v.runtime else None, "gpu": clocks.summary(),
                                  **markers(v.calls),
-                                 "notes": v.notes, "failure": v.failure.message[:300] if v.failure else None}
-                    row[cond]["eager_ms"] = v.eager_ms
+                                 "notes": v.notes, "failure": v.failure.message[:300] if v.failure else None,
+                                 "eager_ms": v.eager_ms}
                     print(f"{cond:10s} {label:9s} {row[cond]['runtime_ms']} ms ({row[cond]['source']}) "
                           f"eager={v.eager_ms} correct={v.correct} markers={markers(v.calls)} gpu={clocks.summary()} "
                           f"{'; '.join(v.notes)[:200]}", flush=True)

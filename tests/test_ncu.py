@@ -129,7 +129,7 @@ def _fake_ncu(folder: Path, report: Path, stdout: str = "") -> Path:
     exe = folder / "ncu"
     exe.write_text(FAKE_NCU.format(python=sys.executable, what=report.name, argv_file=str(folder / "argv.json"),
                                    report=str(report), stdout=stdout,
-                                   lock=str(counters_lock(os.environ.get("CUDA_VISIBLE_DEVICES")).path)))
+                                   lock=str(counters_lock().path)))
     exe.chmod(0o755)
     return exe
 

@@ -539,7 +539,7 @@ class Toolbox:
                 ",".join(ncu.NCU_METRICS), "--log-file", str(log), sys.executable, "-m",
                 "cuda_agent.agent.profile_run", "--reference", str(reference), "--device", "cuda", "--ncu",
                 *cand_args]
-        with self.gate.exclusive(), counters_lock(os.environ.get("CUDA_VISIBLE_DEVICES")).hold(exclusive=True):
+        with self.gate.exclusive(), counters_lock().hold(exclusive=True):
             code, out, err = self.run_process(argv, self.config.profile_timeout_s)
         report = log.read_text(errors="replace") if log.exists() else ""
         problem = ncu.ncu_problem(report + "\n" + out + "\n" + err)

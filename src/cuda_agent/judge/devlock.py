@@ -71,9 +71,12 @@ def gpu_lock_path(visible: str | None) -> Path:
     return _lock_folder() / f"gpu-{_first_gpu(visible)}.lock"
 
 
-def counters_lock(visible: str | None) -> DeviceLock:
-    """Nsight Compute's lock of the GPU a process sees first. A GPU's performance counters serve
+def counters_lock(visible: str | None = None) -> DeviceLock:
+    """Nsight Compute's lock of the GPU a process sees first (`visible`, by default this process's
+    CUDA_VISIBLE_DEVICES, which the ncu it starts inherits). A GPU's performance counters serve
     one profiling session at a time: a second ncu started meanwhile fails ("a driver resource was
     unavailable"), so every ncu this project starts (the agent's profile tool of any agent on the
     machine, the benchmarks) holds this alone for its whole run."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return DeviceLock(_lock_folder() / f"ncu-{_first_gpu(visible)}.lock")

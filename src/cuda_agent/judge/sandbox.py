@@ -102,12 +102,7 @@ class Sandboxed:
         self.cgroup = _pids_cgroup(spec.max_procs)
         if self.uid is not None:
             _chown_tree(spec.workdir, self.uid)
-        env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-        # A sandbox uid has no passwd entry: name it, and keep every cache inside the workdir.
-        env.update({"HOME": str(spec.workdir), "TMPDIR": str(spec.workdir), "PYTHONNOUSERSITE": "1",
-                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "USER": "cuda-agent-sandbox",
-                    "LOGNAME": "cuda-agent-sandbox", "TORCHINDUCTOR_CACHE_DIR": str(spec.workdir / "inductor"),
-                    "TRITON_CACHE_DIR": str(spec.workdir / "triton"), "XDG_CACHE_HOME": str(spec.workdir / "cache")})
+        env = sandbox_env(spec.workdir)
         env.update(spec.env)
         self.env = env
         self.setup = {"workdir": str(spec.workdir), "uid": self.uid, "cgroup": self.cgroup,
@@ -271,6 +266,18 @@ class Sandboxed:
                         pass
         if remove_workdir:
             _remove(self.spec.workdir)
+
+
+def sandbox_env(workdir: Path) -> dict[str, str]:
+    """The environment a sandboxed process starts with: the judge's own variables of ENV_KEEP only,
+    and a home, temporary folder and caches inside `workdir`."""
+    env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+    # A sandbox uid has no passwd entry: name it, and keep every cache inside the workdir.
+    env.update({"HOME": str(workdir), "TMPDIR": str(workdir), "PYTHONNOUSERSITE": "1",
+                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "USER": "cuda-agent-sandbox",
+                "LOGNAME": "cuda-agent-sandbox", "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor"),
+                "TRITON_CACHE_DIR": str(workdir / "triton"), "XDG_CACHE_HOME": str(workdir / "cache")})
+    return env
 
 
 def enter_sandbox(setup: dict) -> None:
