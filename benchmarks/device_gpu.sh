@@ -277,7 +277,7 @@ case "$stage" in
       > "$out/synth.log" 2>&1
     echo "synth rc=$?"
     tar czf "$out/synth-sample.tgz" -C /tmp synth-h200
-    cp /tmp/synth-h200/throughput.json "$out/synth_throughput.json" 2>/dev/null
+    cp /tmp/synth-h200/throughput.json "$out/synth_throughput.json" 2>/dev/null && python3 -c "import json,sys; print(\"check_split\", json.dumps(json.load(open(sys.argv[1]))[\"check_split\"]))" "$out/synth_throughput.json"
     cp /tmp/synth-h200/report.json "$out/synth_report.json" 2>/dev/null
     cp /tmp/synth-h200/judge_progress.jsonl /tmp/synth-h200/phases.jsonl "$out/" 2>/dev/null
     [ -f "$out/phases.jsonl" ] && cat "$out/phases.jsonl"

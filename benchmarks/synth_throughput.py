@@ -61,6 +61,24 @@ def sample_stats(out: Path) -> dict:
     }
 
 
+def stage_split(out: Path) -> dict:
+    """Where the workers' check time went: seconds per stage of the check (load, trace, values,
+    shortcuts, window, final_values, compile) summed over every candidate, their shares, and the
+    worker-seconds each accepted task cost (its own checks and those of the candidates rejected)."""
+    totals: Counter = Counter()
+    accepted = 0
+    for line in (out / "candidates.jsonl").read_text().splitlines() if (out / "candidates.jsonl").exists() else []:
+        rec = json.loads(line)
+        accepted += bool(rec.get("accepted"))
+        for name, sec in ((rec.get("check") or {}).get("stage_s") or {}).items():
+            totals[name] += sec
+    whole = sum(totals.values())
+    return {"worker_s": round(whole, 1),
+            "per_accepted_task_s": round(whole / accepted, 2) if accepted else None,
+            "stages_s": {k: round(v, 1) for k, v in totals.most_common()},
+            "stages_share": {k: round(v / whole, 3) for k, v in totals.most_common()} if whole else {}}
+
+
 def rejection_examples(out: Path, per_filter: int = 3) -> dict[str, list[str]]:
     """The first few rejection messages of each filter: what a rejection count is made of."""
     from cuda_agent.synth.pipeline import read_records
@@ -163,7 +181,7 @@ def main() -> int:
               "diversity": report.diversity,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
               **phase_rates(report.phases), "phases": report.phases,
-              "sample": sample_stats(args.out), "rejection_examples": rejection_examples(args.out)}
+              "check_split": stage_split(args.out), "sample": sample_stats(args.out), "rejection_examples": rejection_examples(args.out)}
     # written before the judge check as well, so a check cut short loses nothing of the run
     (args.out / "throughput.json").write_text(json.dumps(result, indent=1))
     if args.judge_sample:

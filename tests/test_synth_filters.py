@@ -63,6 +63,16 @@ def test_honest_task_is_kept(pool):
     assert r.eager_ms is not None and r.eager_ms > 0
     assert r.input_shapes == [[16, 64]] and r.output_shapes == [[16, 128]]
     assert {"eager", "random", "train_eval", "degenerate", "usage", "runtime_window"} <= set(r.passed)
+    # the time split covers each stage that ran (no compile check in this config), and nothing else
+    assert set(r.stage_s) == {"load", "trace", "values", "shortcuts", "window", "final_values"}, r.stage_s
+    assert all(v >= 0 for v in r.stage_s.values()) and sum(r.stage_s.values()) <= r.check_s + 1e-3
+
+
+def test_a_rejected_tasks_time_is_its_rejecting_stages(pool):
+    r = pool.check(PLANTED["batch_mixing"])
+    assert r.rejection is not None and r.rejection.filter == "batch_mixing"
+    # batch mixing is found by the shortcut checks: the split ends there
+    assert list(r.stage_s) == ["load", "trace", "values", "shortcuts"], r.stage_s
 
 
 @pytest.mark.parametrize("expected", sorted(PLANTED))

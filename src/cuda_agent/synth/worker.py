@@ -595,23 +595,40 @@ def compile_check(r: Runner, cfg: dict) -> float:
 def check(source: str, cfg: dict) -> dict:
     """All execution checks of one task. Returns a CheckResult as a dict."""
     t0 = time.monotonic()
-    result: dict = {"accepted": False, "rejection": None, "passed": [], "source": source}
+    result: dict = {"accepted": False, "rejection": None, "passed": [], "source": source, "stage_s": {}}
+    clock = {"at": t0, "running": "load"}
+
+    def stage(done: str, running: str = "") -> None:
+        # where a task's check time goes (the throughput benchmark sums it per stage); a rejected
+        # task's time since the last stage ended is the running stage's
+        now = time.monotonic()
+        result["stage_s"][done] = round(result["stage_s"].get(done, 0.0) + now - clock["at"], 4)
+        clock.update(at=now, running=running)
+
     try:
         r = Runner(source, cfg["device"])
         r.run(r.model(), r.inputs(INPUT_SEEDS[0]))
         result["passed"].append("eager")
+        stage("load", "trace")
         result["trace"] = _trace(source)
+        stage("trace", "values")
         value_checks(r, cfg, full=True)
         result["passed"] += ["random", "train_eval", "degenerate", "usage"]
+        stage("values", "shortcuts" if cfg["shortcuts"] else "window")
         if cfg["shortcuts"]:
             shortcut_checks(r, cfg, source)
             result["passed"].append("shortcuts")
+            stage("shortcuts", "window")
         final, r, ms, batches = runtime_window(source, cfg)
         result["passed"].append("runtime_window")
+        stage("window", "final_values")
         while True:
             try:
                 info = value_checks(r, cfg, full=False)
+                stage("final_values", "compile" if cfg["compile"] else "")
                 compile_ms = compile_check(r, cfg) if cfg["compile"] else None
+                if cfg["compile"]:
+                    stage("compile")
                 break
             except Exception as exc:
                 # These checks hold several outputs at once (torch.compile its own buffers too): a
@@ -620,6 +637,7 @@ def check(source: str, cfg: dict) -> dict:
                 if not is_out_of_memory(exc) or not batches:
                     raise
             final, r, ms = smaller_batch(final, r, cfg, batches)
+            stage("window", "final_values")
         result.update(info, source=final, eager_ms=ms, batches=batches)
         if compile_ms is not None:
             result["compile_ms"] = compile_ms
@@ -630,6 +648,8 @@ def check(source: str, cfg: dict) -> dict:
     except Exception as exc:  # a checker bug must still yield a record, not kill the worker
         result["rejection"] = {"filter": "out_of_memory" if is_out_of_memory(exc) else "worker_error",
                                "message": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"}
+    if clock["running"]:
+        stage(clock["running"])
     if result["rejection"] is not None:
         import torch
 
