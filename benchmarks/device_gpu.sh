@@ -183,7 +183,8 @@ case "$stage" in
   replica)
     # The judge's call cycle played by two plain processes, then with the kernel as the judge builds
     # it, the operator observer and the rest of a worker's set-up (which one slows a 1 GB kernel?).
-    timeout ${REPLICA_TIMEOUT:-240} python3 benchmarks/judge_replica.py --judge-build \
+    # REPLICA_ARGS: e.g. --conditions bare poison_so_judged
+    timeout ${REPLICA_TIMEOUT:-240} python3 benchmarks/judge_replica.py --judge-build ${REPLICA_ARGS:-} \
       --out "$out/judge_replica.json" 2>&1 | grep -v -i warn | tail -16
     ;;
   plane)

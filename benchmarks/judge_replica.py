@@ -24,7 +24,9 @@ With `--judge-build`, the same kernel as the judge builds it (timing_check's wor
 binding) instead of NVRTC's, `bare` and `judged` (`so_bare`, `so_judged`), then with the judge's
 operator observer installed in the worker (`observer_so_bare`, `observer_so_judged`), then also
 the rest of a worker's set-up (a spare's profiler warm-up and dispatch-mode warm-up, true fp32:
-`setup_so_bare`, `setup_so_judged`).
+`setup_so_bare`, `setup_so_judged`), then also the allocator's poisoned block before each call (the
+judge's `prepare`: a block of the output's size filled with 0xFF and freed, so the output lands in it;
+`poison_so_judged`). `--conditions` runs some of them only.
 
     python benchmarks/judge_replica.py [--mb 1024] [--runs 15] [--judge-build] [--out FILE]
 """
@@ -43,7 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing_check import EW_PROBE, workspace  # noqa: E402  (timing_check's kernel and workspace)
 
 CONDITIONS = ("bare", "judge_writes", "worker_writes", "out_alive", "packed", "judged", "judged_profiled")
-BUILT = ("so_bare", "so_judged", "observer_so_bare", "observer_so_judged", "setup_so_bare", "setup_so_judged")
+BUILT = ("so_bare", "so_judged", "observer_so_bare", "observer_so_judged", "setup_so_bare", "setup_so_judged",
+         "poison_so_judged")
+# what each prefix of a built condition has loaded in the worker, in order: the judge's build, its
+# operator observer, a worker's set-up
+LAYERS = {"so_": 1, "observer_": 2, "setup_": 3, "poison_": 3}
 
 WORKER = r"""
 import json, socket, sys, torch
@@ -85,6 +91,9 @@ for line in f:
         f.write("{}\n"); f.flush()
         continue
     if msg["op"] == "prepare":
+        if msg.get("poison"):
+            poisoned = torch.full((nbytes,), 0xFF, dtype=torch.uint8, device="cuda")
+            del poisoned
         if msg.get("worker_writes"):
             cold.sum(); torch.cuda.synchronize()
             x.copy_(own_inputs)
@@ -124,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--judge-build", action="store_true",
                    help="also the kernel as the judge builds it, then with the judge's observer in the worker")
+    p.add_argument("--conditions", nargs="+", choices=CONDITIONS + BUILT, metavar="CONDITION",
+                   help="only these (default: all; the built ones need --judge-build)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
@@ -168,18 +179,20 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     try:
+        loaded = 0
         for cond in CONDITIONS + (BUILT if library else ()):
-            if cond == "so_bare":
-                ask({"op": "load", "library": library})
-            elif cond == "observer_so_bare":
-                ask({"op": "load", "observer": observer})
-            elif cond == "setup_so_bare":
-                ask({"op": "load", "setup": True})
-            base = cond.removeprefix("setup_").removeprefix("observer_").removeprefix("so_")
+            if args.conditions and cond not in args.conditions:
+                continue
+            layer = next((n for prefix, n in LAYERS.items() if cond.startswith(prefix)), 0)
+            for step, what in ((1, {"library": library}), (2, {"observer": observer}), (3, {"setup": True})):
+                if loaded < step <= layer:
+                    ask({"op": "load", **what})
+                    loaded = step
+            base = cond.removeprefix("poison_").removeprefix("setup_").removeprefix("observer_").removeprefix("so_")
             writes = base not in ("bare", "worker_writes")
             flags = {"out_alive": base in ("out_alive", "packed", "judged", "judged_profiled"),
                      "pack": base in ("packed", "judged", "judged_profiled"),
-                     "profiled": base == "judged_profiled", "so": cond.startswith(("so_", "observer_", "setup_"))}
+                     "profiled": base == "judged_profiled", "so": layer > 0}
             judged = base in ("judged", "judged_profiled")
             times = []
             for _ in range(args.runs + 3):
@@ -189,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     expected = fresh * 2.0 + 1.0
                     _ = fresh.double() * 2.0 + 1.0  # the float64 reference of the checked calls
                 torch.cuda.synchronize()
-                ask({"op": "prepare", "worker_writes": cond == "worker_writes"})
+                ask({"op": "prepare", "worker_writes": cond == "worker_writes", "poison": cond.startswith("poison_")})
                 if writes:
                     region.copy_(fresh)
                     torch.cuda.synchronize()  # in place before the worker hears of them
