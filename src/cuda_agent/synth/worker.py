@@ -637,7 +637,7 @@ def check(source: str, cfg: dict) -> dict:
                 if not is_out_of_memory(exc) or not batches:
                     raise
             final, r, ms = smaller_batch(final, r, cfg, batches)
-            stage("window", "final_values")
+            stage("window", "final_values")  # the failed try and the retimed half BATCH: the window's cost
         result.update(info, source=final, eager_ms=ms, batches=batches)
         if compile_ms is not None:
             result["compile_ms"] = compile_ms
