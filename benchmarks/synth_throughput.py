@@ -63,20 +63,27 @@ def sample_stats(out: Path) -> dict:
 
 def stage_split(out: Path) -> dict:
     """Where the workers' check time went: seconds per stage of the check (load, trace, values,
-    shortcuts, window, final_values, compile) summed over every candidate, their shares, and the
-    worker-seconds each accepted task cost (its own checks and those of the candidates rejected)."""
+    shortcuts, window, final_values, compile) summed over every candidate, their shares, the
+    worker-seconds each accepted task cost (its own checks and those of the candidates rejected),
+    and the check time of accepted and rejected candidates apart."""
     totals: Counter = Counter()
-    accepted = 0
-    for line in (out / "candidates.jsonl").read_text().splitlines() if (out / "candidates.jsonl").exists() else []:
+    spent: dict[bool, list[float]] = {True: [], False: []}
+    path = out / "candidates.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
         rec = json.loads(line)
-        accepted += bool(rec.get("accepted"))
-        for name, sec in ((rec.get("check") or {}).get("stage_s") or {}).items():
+        check = rec.get("check") or {}
+        spent[bool(rec.get("accepted"))].append(float(check.get("check_s") or 0.0))
+        for name, sec in (check.get("stage_s") or {}).items():
             totals[name] += sec
-    whole = sum(totals.values())
+    whole = sum(spent[True]) + sum(spent[False])
+    staged = sum(totals.values())
     return {"worker_s": round(whole, 1),
-            "per_accepted_task_s": round(whole / accepted, 2) if accepted else None,
+            "per_accepted_task_s": round(whole / len(spent[True]), 2) if spent[True] else None,
+            **{f"{kind}_s": {"n": len(xs), "sum": round(sum(xs), 1),
+                             "median": round(statistics.median(xs), 2) if xs else None}
+               for kind, xs in (("accepted", spent[True]), ("rejected", spent[False]))},
             "stages_s": {k: round(v, 1) for k, v in totals.most_common()},
-            "stages_share": {k: round(v / whole, 3) for k, v in totals.most_common()} if whole else {}}
+            "stages_share": {k: round(v / staged, 3) for k, v in totals.most_common()} if staged else {}}
 
 
 def rejection_examples(out: Path, per_filter: int = 3) -> dict[str, list[str]]:
@@ -138,7 +145,12 @@ def main() -> int:
     ap.add_argument("--judge-check", action="store_true", help="the judge's reference checks inside the pipeline")
     ap.add_argument("--judge-sample", type=int, default=0, help="the judge's reference checks of this many exported tasks")
     ap.add_argument("--judge-parallel", type=int, default=4, help="judge processes (default 4)")
+    ap.add_argument("--split-only", action="store_true",
+                    help="print where the check time of the sample already in --out went (check_split), run nothing")
     args = ap.parse_args()
+    if args.split_only:
+        print(json.dumps(stage_split(args.out), indent=1))
+        return 0
 
     repo = Path(__file__).resolve().parents[1]
     if args.out.resolve().is_relative_to(repo):
