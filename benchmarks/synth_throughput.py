@@ -193,7 +193,8 @@ def main() -> int:
               "diversity": report.diversity,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
               **phase_rates(report.phases), "phases": report.phases,
-              "check_split": stage_split(args.out), "sample": sample_stats(args.out), "rejection_examples": rejection_examples(args.out)}
+              "check_split": stage_split(args.out), "sample": sample_stats(args.out),
+              "rejection_examples": rejection_examples(args.out)}
     # written before the judge check as well, so a check cut short loses nothing of the run
     (args.out / "throughput.json").write_text(json.dumps(result, indent=1))
     if args.judge_sample:

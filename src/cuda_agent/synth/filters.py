@@ -155,7 +155,7 @@ class CheckResult(BaseModel):
     output_shapes: list[list[int]] = Field(default_factory=list)
     n_params: int | None = None
     check_s: float = 0.0
-    # seconds per stage of the check (load, trace, values, shortcuts, window, final), in order;
+    # seconds per stage of the check (load, trace, values, shortcuts, window, final_values, compile);
     # a rejected task's split ends at the stage that rejected it
     stage_s: dict[str, float] = Field(default_factory=dict)
     trace: list[str] | None = None   # the operators the task runs (trace.py); None: it could not be traced
