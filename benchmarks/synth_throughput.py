@@ -69,10 +69,16 @@ def stage_split(out: Path) -> dict:
     totals: Counter = Counter()
     spent: dict[bool, list[float]] = {True: [], False: []}
     path = out / "candidates.jsonl"
+    # The log holds a candidate again each time its record changes (the judge's reference check
+    # after the filters): its last line counts, once. Accepted or not by the filters' check itself.
+    last = {}
     for line in path.read_text().splitlines() if path.exists() else []:
-        rec = json.loads(line)
+        if line.strip():
+            rec = json.loads(line)
+            last[rec.get("index")] = rec
+    for rec in last.values():
         check = rec.get("check") or {}
-        spent[bool(rec.get("accepted"))].append(float(check.get("check_s") or 0.0))
+        spent[bool(check.get("accepted", rec.get("accepted")))].append(float(check.get("check_s") or 0.0))
         for name, sec in (check.get("stage_s") or {}).items():
             totals[name] += sec
     whole = sum(spent[True]) + sum(spent[False])

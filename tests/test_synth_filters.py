@@ -7,6 +7,7 @@ one compile test); a crash or a hang of a task must cost only that task.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from cuda_agent.synth.compose import Composition
 from cuda_agent.synth.decontam import BenchmarkIndex, DecontamConfig, operator_sequence
@@ -298,6 +299,22 @@ def test_a_device_side_assert_is_the_tasks_eager_error_and_the_next_task_still_r
         r = p.check(bad)
         assert r.rejection is not None and r.rejection.filter == "eager_error", r.rejection
         assert p.check(GOOD).accepted
+
+
+@pytest.mark.gpu
+def test_inputs_are_drawn_on_the_device_repeatably_and_on_the_cpu_where_get_inputs_needs_it():
+    """The checks draw inputs on the GPU (seconds saved per GB-sized set); one seed must still give
+    the same inputs every time, and a get_inputs that only runs on the CPU must still work."""
+    from cuda_agent.synth.worker import Runner
+
+    r = Runner(GOOD, "cuda")
+    a, b = r.inputs(3)[0], r.inputs(3)[0]
+    assert a.is_cuda and torch.equal(a, b) and not torch.equal(a, r.inputs(4)[0])
+    cpu_gen = GOOD.replace("return [torch.randn(", "g = torch.Generator().manual_seed(0)\n    return [torch.randn(")
+    cpu_gen = cpu_gen.replace("64)]", "64, generator=g)]")
+    assert "generator=g" in cpu_gen
+    x = Runner(cpu_gen, "cuda").inputs(3)[0]
+    assert x.is_cuda and x.shape == a.shape
 
 
 def test_workers_take_the_visible_gpus_in_turn(monkeypatch):

@@ -84,6 +84,10 @@ class JudgeConfig(BaseModel):
                             "in the process starts, so the call does not start with the GPU's address "
                             "translations evicted by the judge's own work between calls (a profiler's replay "
                             "finds them warm). Puts one cache line per page into the L2")
+    poison_outputs: bool = Field(
+        True, description="CUDA: before each call, fill a block of the outputs' size with NaN bytes and free it, so "
+                          "the outputs land in it and elements the candidate never writes show as NaN instead of "
+                          "as a previous call's correct values. Off only to measure what the poisoning costs")
     gate_release: Literal["process", "judge"] = Field(
         "process", description="CUDA, GPU region: who opens a timed call's gate. 'process': the candidate's "
                                "process, once forward has enqueued its work; the judge's clock then spans the "

@@ -429,7 +429,7 @@ class Judge:
                 init_seed=setup.init_seed, flush=cfg.flush_l2, flush_inputs=self._flushes_inputs,
                 touch_pages=self._touches_pages, trusted=trusted,
                 observer=str(proc.spec.workdir / obs.FILE), policy=cfg.policy,
-                poison_bytes=setup.out_bytes if self.device == "cuda" else 0,
+                poison_bytes=setup.out_bytes if self.device == "cuda" and cfg.poison_outputs else 0,
                 gpu_plane=shared.handle.hex() if shared is not None else None,
                 require=proc.required_isolation())
             chan.send(dict(init))
@@ -719,6 +719,8 @@ class Judge:
             keyed += "+flush-inputs"  # the flush moves the times too (and old keys stay as they were)
         if self._touches_pages and not judge_release:
             keyed += "+touch-pages"
+        if self.device == "cuda" and not cfg.poison_outputs:
+            keyed += "+no-poison"
         bkey = BaselineKey(harness_version=_HARNESS_VERSION, task_id=task.id, device_name=self.device_name,
                            torch_version=torch.__version__, mode=keyed, flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
                            n_warmup=cfg.n_warmup)

@@ -95,6 +95,19 @@ class Runner:
 
     def inputs(self, seed: int) -> list:
         torch = self.torch
+        if self.device != "cpu":
+            # Made on the device itself: at the sizes the runtime window asks for (inputs of a GB
+            # and more), drawing them on the worker's two CPU threads and copying them over took
+            # seconds per input set, more than the checks that use them. The same seed gives the
+            # same inputs on every call (the device's own generator); a get_inputs that cannot
+            # run there (a CPU generator, say) draws them on the CPU as the judge does.
+            torch.manual_seed(seed)
+            try:
+                with torch.device(self.device):
+                    xs = list(self.module.get_inputs())
+                return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in xs]
+            except Exception:  # noqa: BLE001 - retried on the CPU below, where a real error is reported
+                pass
         torch.manual_seed(seed)
         try:
             xs = list(self.module.get_inputs())
@@ -171,6 +184,21 @@ def _rng_states(torch, device: str) -> list:
     return states
 
 
+def _where_it_fits(fn, *tensor_lists):
+    """`fn(*tensor_lists)` where the tensors are (on the GPU, float64 copies of GB-sized outputs
+    take a fraction of a second there and seconds on the worker's CPU threads), again on CPU
+    copies when the device runs out of memory for it."""
+    try:
+        return fn(*tensor_lists)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+    import torch
+
+    torch.cuda.empty_cache()
+    return fn(*([t.cpu() if isinstance(t, torch.Tensor) else t for t in ts] for ts in tensor_lists))
+
+
 def value_checks(r: Runner, cfg: dict, full: bool) -> dict:
     """Randomness, determinism, train/eval, degeneracy and (when `full`) use of every input."""
     torch = r.torch
@@ -206,8 +234,8 @@ def value_checks(r: Runner, cfg: dict, full: bool) -> dict:
         raise Reject("input_independent", "outputs do not change when the inputs change")
     from cuda_agent.judge.compare import degenerate_warnings
 
-    warns = degenerate_warnings([[o.cpu() for o in out], [o.cpu() for o in other]],
-                                atol=cfg["atol"], rtol=cfg["rtol"])
+    warns = _where_it_fits(lambda *sets: degenerate_warnings(list(sets), atol=cfg["atol"], rtol=cfg["rtol"]),
+                           out, other)
     if warns:
         raise Reject("degenerate", "; ".join(warns))
     info: dict = {"output_shapes": [list(o.shape) for o in out],
@@ -585,8 +613,8 @@ def compile_check(r: Runner, cfg: dict) -> float:
             torch.cuda.synchronize()  # its kernels' failures are the compile's, not a later check's
     except Exception as exc:
         raise Reject("compile_error", f"{type(exc).__name__}: {str(exc)[:400]}") from None
-    cmp = compare_outputs([e.cpu() for e in expected], [g.cpu() if isinstance(g, torch.Tensor) else g for g in got],
-                          atol=cfg["atol"], rtol=cfg["rtol"], max_rel_l2=cfg["max_rel_l2"])
+    cmp = _where_it_fits(lambda e, g: compare_outputs(e, g, atol=cfg["atol"], rtol=cfg["rtol"],
+                                                      max_rel_l2=cfg["max_rel_l2"]), list(expected), list(got))
     if not cmp.ok:
         raise Reject("compile_mismatch", cmp.message)
     return median_ms(r, compiled, xs, cfg, "compile_error")
