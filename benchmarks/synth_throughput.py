@@ -151,6 +151,8 @@ def main() -> int:
     ap.add_argument("--judge-check", action="store_true", help="the judge's reference checks inside the pipeline")
     ap.add_argument("--judge-sample", type=int, default=0, help="the judge's reference checks of this many exported tasks")
     ap.add_argument("--judge-parallel", type=int, default=4, help="judge processes (default 4)")
+    ap.add_argument("--judge-overlap", action="store_true",
+                    help="with --judge-check: the judges check each task as the filters accept it, beside them")
     ap.add_argument("--split-only", action="store_true",
                     help="print where the check time of the sample already in --out went (check_split), run nothing")
     args = ap.parse_args()
@@ -181,7 +183,8 @@ def main() -> int:
     bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
     cfg = SynthConfig(n=args.n, out=args.out, seed=args.seed, workers=workers, benchmark_dir=bench,
                       compose={"profile": device}, filters=FilterConfig(**fkw), time_limit_s=args.time_limit,
-                      judge_check=args.judge_check, judge_parallel=args.judge_parallel)
+                      judge_check=args.judge_check, judge_parallel=args.judge_parallel,
+                      judge_overlap=args.judge_overlap)
     console = Console()
     t0 = time.monotonic()
     report = run_synth(cfg, _RichProgress(console))

@@ -18,7 +18,8 @@ timed back to back can run at lower clocks than one replayed under Nsight Comput
 timed calls' median time between their start and end markers, with how many were timed longer
 because the device looked busy past the end marker, and the checked calls' kernel time in CUDA's
 activity records (as Nsight Compute reads it, in the judge's own candidate process). Targets: within 5% of Nsight Compute
-from 10 us, within 2% from 1 ms, loaded as alone.
+from 10 us, within 2% from 1 ms, loaded as alone. `--cases ewt-32M ewt-256M`: the elementwise task
+with a plain-PyTorch ModelNew, judged and profiled the same way (see CASES).
 
     python benchmarks/timing_check.py [--out DIR] [--sizes small|all | --cases CASE ...] [--load-all] [--no-ncu]
                                        [--gate-release process|judge|both] [-c KEY=VALUE ...]
@@ -197,12 +198,29 @@ def mm_task(n: int) -> str:
 
 # (label, kind, size): the elementwise kernels move 32 MB to 2 GB (~10 us to ~0.6 ms), the SGEMMs
 # run from ~2 to ~120 ms
+# run from ~2 to ~120 ms. `ewt`: the same task with a ModelNew of plain PyTorch (`x * 2.0 + 1.0`,
+# the eager baseline's own two kernels) judged as a candidate under the lenient policy, only when
+# named in --cases: whether PyTorch's kernels keep Nsight Compute's time in the candidate's process
+# where the workspace's kernel does not.
 CASES = [("ew-4M", "ew", 1 << 22), ("ew-32M", "ew", 1 << 25), ("ew-256M", "ew", 1 << 28),
-         ("mm-1024", "mm", 1024), ("mm-2048", "mm", 2048), ("mm-4096", "mm", 4096), ("mm-8192", "mm", 8192)]
+         ("mm-1024", "mm", 1024), ("mm-2048", "mm", 2048), ("mm-4096", "mm", 4096), ("mm-8192", "mm", 8192),
+         ("ewt-32M", "ewt", 1 << 25), ("ewt-256M", "ewt", 1 << 28)]
 SMALL = {"ew-4M", "ew-32M", "mm-2048"}
+EWT_MODEL_NEW = """import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x * 2.0 + 1.0
+"""
 
 
 def workspace(folder: Path, kind: str) -> Path:
+    """The candidate of `kind`: a workspace folder, or for `ewt` a single ModelNew file."""
+    if kind == "ewt":
+        path = folder / "ewt_model_new.py"
+        path.write_text(EWT_MODEL_NEW)
+        return path
     ws = folder / f"ws-{kind}"
     (ws / "kernels").mkdir(parents=True, exist_ok=True)
     cu, binding, model_new = (EW_CU, EW_BINDING, EW_MODEL_NEW) if kind == "ew" else (MM_CU, MM_BINDING, MM_MODEL_NEW)
@@ -239,8 +257,9 @@ def stop_load(procs) -> None:
 NCU_RUNNER = r"""
 import importlib.util, sys, types, torch
 lib, model_new, task, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-spec = importlib.util.spec_from_file_location("cuda_extension", lib)
-ext = importlib.util.module_from_spec(spec); spec.loader.exec_module(ext); sys.modules["cuda_extension"] = ext
+if lib != "-":  # a candidate without a library of its own (plain PyTorch): "-"
+    spec = importlib.util.spec_from_file_location("cuda_extension", lib)
+    ext = importlib.util.module_from_spec(spec); spec.loader.exec_module(ext); sys.modules["cuda_extension"] = ext
 ref = types.ModuleType("model"); exec(open(task).read(), ref.__dict__)
 mod = types.ModuleType("model_new"); exec(open(model_new).read(), mod.__dict__)
 model = mod.ModelNew(*ref.get_init_inputs()).cuda()
@@ -320,16 +339,17 @@ class GpuClocks:
                 "temp_c_max": max(col[3])}
 
 
-def ncu_ms(lib: Path, ws: Path, task_file: Path, calls: int = 5) -> float | None:
-    """Summed gpu__time_duration of the profiled forwards, per forward (ms)."""
+def ncu_ms(lib: Path | None, model_new: Path, task_file: Path, calls: int = 5) -> float | None:
+    """Summed gpu__time_duration of the profiled forwards, per forward (ms). `lib` None: the
+    candidate runs PyTorch only."""
     ncu = shutil.which("ncu")
     if ncu is None:
         return None
     runner = task_file.parent / "ncu_runner.py"
     runner.write_text(NCU_RUNNER)
     cmd = [ncu, "--csv", "--metrics", "gpu__time_duration.sum", "--profile-from-start", "off",
-           "--cache-control", "all", "--clock-control", "none", sys.executable, str(runner), str(lib),
-           str(ws / "model_new.py"), str(task_file), str(calls)]
+           "--cache-control", "all", "--clock-control", "none", sys.executable, str(runner),
+           str(lib) if lib is not None else "-", str(model_new), str(task_file), str(calls)]
     from cuda_agent.judge.devlock import counters_lock
 
     with counters_lock().hold(exclusive=True):  # one ncu per GPU
@@ -382,7 +402,11 @@ def main() -> int:
     allowed = sorted(os.sched_getaffinity(0))
     # what the pool does on this machine: two cores for the judge, the rest for compile workers
     timing_cpus, rest = (allowed[:2], allowed[2:]) if len(allowed) >= 4 else (None, allowed)
-    cases = [c for c in CASES if (c[0] in args.cases if args.cases else args.sizes == "all" or c[0] in SMALL)]
+    cases = [c for c in CASES if (c[0] in args.cases if args.cases else
+                                  (args.sizes == "all" and c[1] != "ewt") or c[0] in SMALL)]
+    # A plain-PyTorch candidate needs the lenient policy; the policy does not change how a call is
+    # timed, so then every case is judged under it.
+    policy = "lenient" if any(k == "ewt" for _, k, _ in cases) else "strict"
     loads = ["alone", "loaded"] + (["loaded-all"] if args.load_all else [])
     releases = ["process", "judge"] if args.gate_release == "both" else [args.gate_release]
     # (column, load, gate_release): the process's release keeps the plain names
@@ -393,11 +417,11 @@ def main() -> int:
     tasks = {}
     for label, kind, n in cases:
         f = tmp / f"task_{label}.py"
-        f.write_text(ew_task(n) if kind == "ew" else mm_task(n))
+        f.write_text(mm_task(n) if kind == "mm" else ew_task(n))
         tasks[label] = f
     for cond, how, release in plan:
         cfg = JudgeConfig.model_validate({
-            **overrides, "device": "cuda", "compile_mode": "none", "policy": "strict", "gate_release": release,
+            **overrides, "device": "cuda", "compile_mode": "none", "policy": policy, "gate_release": release,
             "timing_cpus": timing_cpus if how != "loaded-all" else None,
             "spare_cpus": rest if how != "loaded-all" else None})
         load = []
@@ -422,10 +446,13 @@ def main() -> int:
                           f"eager={v.eager_ms} correct={v.correct} markers={markers(v.calls)} gpu={clocks.summary()} "
                           f"{'; '.join(v.notes)[:200]}", flush=True)
                     if cond == "alone" and not args.no_ncu:
-                        spec = workspace_spec(Candidate.from_path(wss[kind]).kernels, f"ws:timing-{kind}", "cuda")
-                        lib = judge.builder.build(spec).library
+                        lib = None
+                        if kind != "ewt":
+                            spec = workspace_spec(Candidate.from_path(wss[kind]).kernels, f"ws:timing-{kind}", "cuda")
+                            lib = judge.builder.build(spec).library
+                        model_new = wss[kind] if kind == "ewt" else wss[kind] / "model_new.py"
                         with GpuClocks() as clocks:
-                            row["ncu_ms"] = ncu_ms(lib, wss[kind], tasks[label])
+                            row["ncu_ms"] = ncu_ms(lib, model_new, tasks[label])
                         row["ncu_gpu"] = clocks.summary()
                         print(f"{'ncu':10s} {label:9s} {row['ncu_ms']} ms gpu={row['ncu_gpu']}", flush=True)
         finally:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,61 @@ def test_an_interrupted_judge_check_keeps_its_verdicts_and_resumes(tmp_path, cat
     report = run_synth(cfg)                         # resumed: only the unjudged are asked for
     assert asked[0][0] not in asked[1] and set(asked[1]) == set(asked[0][1:])
     assert report.exported == 2
+
+
+def test_judge_overlap_checks_beside_the_filters_and_replaces_a_failure(tmp_path, catalog_file, monkeypatch):
+    """With judge_overlap the judges take each task as the filters accept it (real judges, CPU): no
+    judge phase after the filters, every exported task judged, a failure among them replaced."""
+    import cuda_agent.synth.pipeline as pipeline
+    from cuda_agent.synth.judgecheck import JudgeStream, ReferenceCheck
+
+    failed: list[str] = []
+
+    class FirstFails(JudgeStream):
+        def results(self, timeout: float = 0.0):
+            out = super().results(timeout)
+            if out and not failed:
+                failed.append(out[0].name)
+                out[0] = ReferenceCheck(name=out[0].name, ok=False, failure="call 0 (checked): planted mismatch")
+            return out
+
+    monkeypatch.setattr(pipeline, "JudgeStream", FirstFails)
+    monkeypatch.setattr(pipeline, "check_tasks", lambda *a, **k: pytest.fail("nothing is left for after the filters"))
+    cfg = SynthConfig(n=3, out=tmp_path, seed=5, workers=2, catalog=catalog_file, compose={"profile": "cpu"},
+                      judge_check=True, judge_overlap=True, judge_parallel=2,
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60, compile=False))
+    report = run_synth(cfg)
+    assert report.exported == 3 and report.rejected_by.get("judge_reference") == 1
+    records = {r.index: r for r in read_records(tmp_path)}
+    bad = records[int(failed[0].split("_")[0])]
+    assert not bad.accepted and bad.rejection.filter == "judge_reference"
+    for t in iter_parquet_tasks(tmp_path / "tasks.parquet"):
+        rec = records[int(t.name.split("_")[0])]
+        assert rec.judge is not None and rec.judge.ok and rec.judge.eager_ms > 0
+    assert [p["phase"] for p in report.phases] == ["filter"]
+    # every task the filters accepted was checked, within the filter phase
+    (phase,) = report.phases
+    assert phase["checked"] == report.judge_checked == phase["accepted"] + phase["failed"] and phase["failed"] == 1
+
+
+def test_a_judge_that_dies_leaves_its_task_unjudged_and_is_replaced():
+    """A task that takes its judge process down (the reference is loaded in the judge's own
+    process first) is not answered: it is left for the checks after the filters, and the next
+    task is judged by the judge started in its place."""
+    from cuda_agent.synth.judgecheck import JudgeStream
+
+    good_src = (SUITE.parent / "cpu" / "10_RMSNorm.py").read_text()
+    stream = JudgeStream("cpu", 1)
+    try:
+        stream.submit("0_dies", good_src + "\n\nimport os\nos._exit(3)\n")
+        stream.submit("1_good", good_src)
+        got = []
+        deadline = time.monotonic() + 240
+        while stream.in_flight and time.monotonic() < deadline:
+            got += stream.results(timeout=1.0)
+        assert stream.unjudged == ["0_dies"]
+        assert [(c.name, c.ok) for c in got] == [("1_good", True)], got
+        assert stream.alive()
+    finally:
+        stream.close()
+    assert not stream.alive()

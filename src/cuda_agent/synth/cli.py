@@ -92,6 +92,9 @@ def synth_cmd(
                                                "(its reference reproduced in the judge's isolated process) and "
                                                "export only those that pass")] = None,
     judge_parallel: Annotated[Optional[int], typer.Option("--judge-parallel", help="judge processes for --judge-check")] = None,
+    judge_overlap: Annotated[Optional[bool], typer.Option(
+        "--judge-overlap/--no-judge-overlap", metavar="", help="with --judge-check: judge each task as the filters "
+                                                 "accept it, beside the filter workers, instead of after them")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="SynthConfig fields from a TOML or JSON file")] = None,
     set_: Annotated[Optional[list[str]], typer.Option(
         "-c", "--set", help="override one SynthConfig field, nested ones by their path: -c n=100, "
@@ -133,7 +136,8 @@ def synth_cmd(
     values.update(out=out, n=n, seed=seed, workers=n_workers, filters=filters, compose=compose, composer=composer,
                   llm=llm or None)
     for key, val in (("benchmark_dir", benchmark_dir), ("catalog", catalog), ("max_candidates", max_candidates),
-                     ("time_limit_s", time_limit), ("judge_check", judge_check), ("judge_parallel", judge_parallel)):
+                     ("time_limit_s", time_limit), ("judge_check", judge_check), ("judge_parallel", judge_parallel),
+                     ("judge_overlap", judge_overlap)):
         if val is not None:
             values[key] = val
     try:

@@ -306,7 +306,9 @@ class Worker:
 class WorkerPool:
     """`size` workers; `check` is thread-safe (each call borrows one idle worker)."""
 
-    def __init__(self, config: FilterConfig, size: int):
+    def __init__(self, config: FilterConfig, size: int, reserve: int = 0):
+        """`reserve`: other processes that will share the GPUs meanwhile (judges checking the
+        accepted tasks), each counted as a worker when the GPUs' memory is shared out."""
         self.config = config
         self._idle: queue.Queue[Worker] = queue.Queue()
         gpus = 1
@@ -315,7 +317,8 @@ class WorkerPool:
 
             gpus = max(1, len(visible_gpus()))
         # slot k runs on GPU k mod gpus (Worker._gpu_env): that many workers share each GPU
-        self._all = [Worker(config, i, gpu_share=-(-size // gpus)) for i in range(size)]
+        share = -(-size // gpus) + -(-reserve // gpus)
+        self._all = [Worker(config, i, gpu_share=share) for i in range(size)]
         for w in self._all:
             self._idle.put(w)
 

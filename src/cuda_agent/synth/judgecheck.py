@@ -9,6 +9,9 @@ loses only the tasks it had not reported: they are absent from the result, never
 Judges sharing a GPU can run it out of memory together, which says nothing about the task: a task
 that ran out of GPU memory is checked again afterwards by one judge alone on the GPU, and only
 that verdict counts.
+
+`JudgeStream` keeps such judges up while the synthesis filters run and feeds them each task as the
+filters accept it (SynthConfig.judge_overlap); what it cannot answer is left to `check_tasks`.
 """
 
 from __future__ import annotations
@@ -43,15 +46,25 @@ def _brief(message: str, limit: int = 800) -> str:
     return f"{head} [...] {message[-(limit - len(head) - 7):]}"
 
 
-def _judge_process(items: list[tuple[str, str]], device: str, gpu: str | None, results) -> None:
+def _judge_process(items, device: str, gpu: str | None, results, held=None, slot: int = 0) -> None:
+    """Checks `items` (a list of (name, source)) and puts each ReferenceCheck on `results`. With
+    `held` (JudgeStream's shared array), `items` is a queue of (number, name, source) ended by None,
+    and the number of the task taken is written to held[slot] first: shared memory, in place at
+    once, so that the task of a judge that dies on it is known (a queued message might not leave
+    a process that exits abruptly)."""
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu   # before this process initialises CUDA
     from cuda_agent.judge import Judge, JudgeConfig
     from cuda_agent.tasks import Task
 
+    taken = iter(items) if held is None else iter(items.get, None)
     # Five checked input sets as always; few timed calls: this checks the task, not a kernel's speed.
     with Judge(JudgeConfig(device=device, n_warmup=1, n_timed=5, compile_mode="none")) as judge:
-        for name, source in items:
+        for item in taken:
+            if held is not None:
+                held[slot] = item[0]
+                item = item[1:]
+            name, source = item
             try:
                 v = judge.check_reference(Task.from_source(source, name=name))
                 cause, failure = v.failure, (v.failure.message if v.failure else None)
@@ -67,6 +80,113 @@ def _judge_process(items: list[tuple[str, str]], device: str, gpu: str | None, r
                 import torch
 
                 torch.cuda.empty_cache()
+
+
+class JudgeStream:
+    """Judge processes that stay up and take tasks as they come, so that the reference checks run
+    beside the synthesis filters instead of after them (SynthConfig.judge_overlap).
+
+    `submit` queues a task; `results` returns the verdicts that came in. A task whose check ran
+    out of GPU memory (the filters hold most of it meanwhile) and a task whose judge process died
+    are not answered here: they leave `in_flight` unjudged, for the checks after the filters stop
+    (`check_tasks`, where an out-of-memory task gets the GPU to one judge). A judge that dies is
+    started again, up to RESTARTS times per slot."""
+
+    RESTARTS = 3
+
+    def __init__(self, device: str, parallel: int):
+        from cuda_agent.host import visible_gpus
+
+        self.device = device
+        self._ctx = mp.get_context("spawn")   # a fresh interpreter: no CUDA state or threads inherited
+        self._tasks = self._ctx.Queue()
+        self._results = self._ctx.Queue()
+        self._gpus = visible_gpus() if device == "cuda" else []
+        self._procs: list = [None] * max(1, parallel)
+        self._restarts = [0] * len(self._procs)
+        self._held = self._ctx.Array("q", [-1] * len(self._procs))   # slot -> number of the task taken last
+        self._numbers: dict[int, str] = {}     # number -> name, of the tasks submitted
+        self.in_flight: dict[str, str] = {}    # name -> source, submitted and not yet answered
+        self.unjudged: list[str] = []          # out of memory, or lost with a judge: for later
+        for slot in range(len(self._procs)):
+            self._start(slot)
+
+    def _start(self, slot: int) -> None:
+        gpu = self._gpus[slot % len(self._gpus)] if self._gpus else None
+        self._held[slot] = -1
+        p = self._ctx.Process(target=_judge_process, args=(self._tasks, self.device, gpu, self._results, self._held, slot))
+        p.start()
+        self._procs[slot] = p
+
+    def submit(self, name: str, source: str) -> None:
+        self.in_flight[name] = source
+        number = len(self._numbers)
+        self._numbers[number] = name
+        self._tasks.put((number, name, source))
+
+    def alive(self) -> bool:
+        return any(p is not None and p.is_alive() for p in self._procs)
+
+    def results(self, timeout: float = 0.0) -> list[ReferenceCheck]:
+        """The verdicts that came in (waiting up to `timeout` seconds for the first)."""
+        out: list[ReferenceCheck] = []
+        wait_s = timeout
+        while True:
+            try:
+                msg = self._results.get(timeout=wait_s) if wait_s > 0 else self._results.get_nowait()
+            except queue.Empty:
+                break
+            wait_s = 0.0
+            rec = ReferenceCheck(**msg)
+            if self.in_flight.pop(rec.name, None) is None:
+                continue   # not asked for here (or already given up on)
+            if rec.out_of_memory and len(self._procs) > 1:
+                self.unjudged.append(rec.name)
+                continue
+            out.append(rec)
+        self._reap()
+        return out
+
+    def _reap(self) -> None:
+        for slot, p in enumerate(self._procs):
+            if p is None or p.is_alive():
+                continue
+            # the task it held is lost (a verdict of it still on its way counts as lost too: the
+            # task is checked again later, never counted twice)
+            name = self._numbers.get(self._held[slot])
+            self._held[slot] = -1
+            if name is not None and self.in_flight.pop(name, None) is not None:
+                self.unjudged.append(name)
+            if self._restarts[slot] < self.RESTARTS and (self.in_flight or name is not None):
+                self._restarts[slot] += 1
+                self._start(slot)
+            else:
+                self._procs[slot] = None
+        if self.in_flight and not self.alive():
+            # every judge is gone for good: what they had not answered stays unjudged
+            self.unjudged.extend(self.in_flight)
+            self.in_flight.clear()
+
+    def close(self) -> None:
+        """Stop the judges: each takes the end mark once its current task is done; a judge that
+        does not stop within 30 s is killed."""
+        for p in self._procs:
+            if p is not None and p.is_alive():
+                self._tasks.put(None)
+        for p in self._procs:
+            if p is not None:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=10)
+        self._procs = [None] * len(self._procs)
+
+    def kill(self) -> None:
+        """Stop now (an interrupted run): their sandboxes die with them."""
+        for p in self._procs:
+            if p is not None and p.is_alive():
+                p.kill()
+        self.close()
 
 
 def check_tasks(items: list[tuple[str, str]], device: str, parallel: int = 4,

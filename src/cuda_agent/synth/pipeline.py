@@ -11,7 +11,10 @@ index are exported (`tasks.parquet`, `tasks.jsonl`) with a report of how many ea
 With `judge_check`, every accepted candidate is then held to the judge's reference checks
 (`Judge.check_reference`, in parallel judge processes once the filter workers are stopped); a task
 that fails is rejected as `judge_reference` (its record appended again with the verdict) and
-replacements are generated, so that every exported task passed the judge.
+replacements are generated, so that every exported task passed the judge. With `judge_overlap`
+too, judge processes stay up beside the filter workers and take each task as the filters accept
+it (`JudgeStream`); only what they could not answer (out of GPU memory, a judge that died) is
+checked after the filters stop.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from .catalog import load_or_crawl
 from .compose import ComposeConfig, ComposeError, Composition, LLMComposer, LLMConfig, ProgrammaticComposer
 from .decontam import BenchmarkIndex, DecontamConfig, Nearest
 from .filters import FILTERS, CheckResult, FilterConfig, Rejection, StaticFilter, WorkerPool
-from .judgecheck import ReferenceCheck, check_tasks
+from .judgecheck import JudgeStream, ReferenceCheck, check_tasks
 
 SEED_STRIDE = 10_000_000
 
@@ -57,6 +60,9 @@ class SynthConfig(BaseModel):
     judge_check: bool = Field(False, description="hold every accepted task to the judge's reference checks; "
                                                  "export only those that pass")
     judge_parallel: int = Field(4, ge=1, description="judge processes for judge_check (GPUs taken in turn)")
+    judge_overlap: bool = Field(False, description="with judge_check: judge each task as the filters accept it, "
+                                                   "beside the filter workers (whose GPU memory shares then leave "
+                                                   "room for the judges), instead of after them")
 
     def identity(self) -> dict:
         return {"seed": self.seed, "composer": self.composer, "compose": self.compose.model_dump()}
@@ -200,14 +206,46 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     def passed_judge(r: CandidateRecord) -> bool:
         return r.accepted and (not cfg.judge_check or (r.judge is not None and r.judge.ok))
 
+    checked = {"n": 0, "failed": 0}   # reference checks of this run (streamed and after the filters)
+
+    def judged(check: ReferenceCheck) -> None:
+        # recorded as each verdict comes: an interrupted check keeps what it finished
+        index = int(check.name.split("_", 1)[0])
+        rec = records[index].model_copy(update={"judge": check})
+        checked["n"] += 1
+        if not check.ok:
+            checked["failed"] += 1
+            rec.accepted, rec.source = False, ""
+            rec.rejection = Rejection(filter="judge_reference", message=check.failure or "failed")
+        record(rec)
+
+    overlap = cfg.judge_check and cfg.judge_overlap
+    stream: JudgeStream | None = None
+    streamed: set[int] = set()   # indices given to the stream (what it leaves unjudged is checked later)
+
+    def feed(rec: CandidateRecord) -> None:
+        if stream is not None and rec.accepted and rec.judge is None and rec.index not in streamed:
+            streamed.add(rec.index)
+            stream.submit(f"{rec.index}_{rec.name}", rec.source)
+
+    def take_verdicts(timeout: float = 0.0) -> None:
+        for check in stream.results(timeout) if stream is not None else ():
+            judged(check)
+
     pending: dict[Future, CandidateRecord] = {}
     phases = _Phases(out)
-    phase_from = (len(records), accepted)   # records and acceptances when the current phase began
+    phase_from = (len(records), accepted, 0, 0)   # records, acceptances, checks, failures when the phase began
     index = 0
+    interrupted = True
     try:
+        if overlap:
+            stream = JudgeStream(cfg.filters.device, cfg.judge_parallel)
+            for r in sorted(records.values(), key=lambda r: r.index):
+                feed(r)   # accepted on an earlier run and not judged yet
         # the pool closes first on the way out: an interrupt kills the workers instead of waiting
         # for their tasks (those candidates are not recorded and are redone on resume)
-        with ThreadPoolExecutor(cfg.workers) as ex, WorkerPool(cfg.filters, cfg.workers) as pool:
+        with ThreadPoolExecutor(cfg.workers) as ex, \
+                WorkerPool(cfg.filters, cfg.workers, reserve=cfg.judge_parallel if overlap else 0) as pool:
             while True:
                 # keep every worker busy with one queued candidate behind it
                 while accepted + len(pending) < cfg.n + cfg.workers and len(pending) < 2 * cfg.workers \
@@ -223,40 +261,49 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                         continue
                     pending[ex.submit(pool.check, rec.source)] = rec
                 if pending:
-                    finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                    # with the stream, its verdicts are taken between the filters' results
+                    finished, _ = wait(list(pending), timeout=0.5 if stream is not None else None,
+                                       return_when=FIRST_COMPLETED)
                     for fut in finished:
                         rec = pending.pop(fut)
-                        record(_finish(rec, fut.result(), static))
+                        done = _finish(rec, fut.result(), static)
+                        record(done)
+                        feed(done)
+                    take_verdicts()
+                    continue
+                if stream is not None and stream.in_flight:
+                    # the filters are idle: the judges finish what they hold (a failure among it
+                    # has the loop above generate a replacement)
+                    take_verdicts(timeout=1.0)
                     continue
                 todo = [r for r in records.values() if r.accepted and r.judge is None] if cfg.judge_check else []
                 if todo:
-                    # The judge's reference checks of what the filters accepted. The filter workers
-                    # stop first (they hold GPU memory); the next candidate starts them again.
+                    # The judge's reference checks of what the filters accepted (with the stream:
+                    # what it left unjudged). The filter workers stop first (they hold GPU
+                    # memory), the stream's judges too; the next candidate starts the workers again.
                     pool.close()
+                    if stream is not None:
+                        stream.close()
+                        stream = None
                 if len(records) > phase_from[0]:
+                    # with the stream the phase also checked (and `accepted` is net of its failures)
+                    extra = {"checked": checked["n"] - phase_from[2], "failed": checked["failed"] - phase_from[3]} \
+                        if overlap else {}
                     phases.end("filter", candidates=len(records) - phase_from[0], accepted=accepted - phase_from[1],
-                               accepted_total=accepted)
+                               accepted_total=accepted, **extra)
                 if not todo:
                     break
-                by_name = {f"{r.index}_{r.name}": r for r in todo}
-                failed: list[str] = []
-
-                def judged(check: ReferenceCheck) -> None:
-                    # recorded as each verdict comes: an interrupted check keeps what it finished
-                    rec = by_name[check.name].model_copy(update={"judge": check})
-                    if not check.ok:
-                        failed.append(check.name)
-                        rec.accepted, rec.source = False, ""
-                        rec.rejection = Rejection(filter="judge_reference", message=check.failure or "failed")
-                    record(rec)
-
-                verdicts = check_tasks([(name, r.source) for name, r in by_name.items()], cfg.filters.device,
+                failed_before = checked["failed"]
+                verdicts = check_tasks([(f"{r.index}_{r.name}", r.source) for r in todo], cfg.filters.device,
                                        cfg.judge_parallel, on_result=judged)
-                phases.end("judge", checked=len(verdicts), failed=len(failed))
-                phase_from = (len(records), accepted)
+                phases.end("judge", checked=len(verdicts), failed=checked["failed"] - failed_before)
+                phase_from = (len(records), accepted, checked["n"], checked["failed"])
                 if not verdicts:
                     break   # the judges could not run at all: stop rather than loop
+        interrupted = False
     finally:
+        if stream is not None:
+            stream.kill() if interrupted else stream.close()
         log.close()
         progress.stop()
     wall = time.monotonic() - t0
@@ -274,7 +321,7 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
         tasks_per_hour=(accepted - accepted_before) / wall * 3600 if wall > 0 else 0.0,
         candidates_per_hour=new / wall * 3600 if wall > 0 else 0.0, exported=exported,
         config=json.loads(cfg.model_dump_json()), phases=phases.done,
-        judge_checked=sum(p["checked"] for p in phases.done if p["phase"] == "judge"),
+        judge_checked=checked["n"],
         judge_s=sum(p["wall_s"] for p in phases.done if p["phase"] == "judge"))
     (out / "report.json").write_text(report.model_dump_json(indent=1))
     return report
