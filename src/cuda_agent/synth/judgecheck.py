@@ -157,7 +157,7 @@ class JudgeStream:
             self._held[slot] = -1
             if name is not None and self.in_flight.pop(name, None) is not None:
                 self.unjudged.append(name)
-            if self._restarts[slot] < self.RESTARTS and (self.in_flight or name is not None):
+            if self._restarts[slot] < self.RESTARTS:
                 self._restarts[slot] += 1
                 self._start(slot)
             else:

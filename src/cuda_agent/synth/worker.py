@@ -106,8 +106,10 @@ class Runner:
                 with torch.device(self.device):
                     xs = list(self.module.get_inputs())
                 return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in xs]
-            except Exception:  # noqa: BLE001 - retried on the CPU below, where a real error is reported
-                pass
+            except Exception as exc:  # noqa: BLE001 - retried on the CPU below, where a real error is reported
+                if is_out_of_memory(exc):
+                    raise   # as large on the CPU: the callers' out-of-memory handling decides
+
         torch.manual_seed(seed)
         try:
             xs = list(self.module.get_inputs())
