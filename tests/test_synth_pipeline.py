@@ -240,3 +240,42 @@ def test_a_judge_that_dies_leaves_its_task_unjudged_and_is_replaced():
     finally:
         stream.close()
     assert not stream.alive()
+
+
+def test_an_interrupted_overlapped_run_keeps_its_verdicts_and_the_resume_judges_the_rest(tmp_path, catalog_file,
+                                                                                         monkeypatch):
+    """Killed while the judges work beside the filters: the verdicts already in are on disk, and the
+    resumed run hands the accepted but unjudged tasks to its judges first."""
+    import cuda_agent.synth.pipeline as pipeline
+    from cuda_agent.synth.judgecheck import JudgeStream
+
+    class DiesAfterOne(JudgeStream):
+        answered = False
+
+        def results(self, timeout: float = 0.0):
+            if self.answered:   # the run is interrupted at its next look for verdicts
+                raise KeyboardInterrupt
+            out = super().results(timeout)[:1]
+            self.answered = bool(out)
+            return out
+
+    monkeypatch.setattr(pipeline, "JudgeStream", DiesAfterOne)
+    cfg = SynthConfig(n=3, out=tmp_path, seed=11, workers=2, catalog=catalog_file, compose={"profile": "cpu"},
+                      judge_check=True, judge_overlap=True, judge_parallel=2,
+                      filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60, compile=False))
+    with pytest.raises(KeyboardInterrupt):
+        run_synth(cfg)
+    first = read_records(tmp_path)
+    assert sum(r.judge is not None for r in {r.index: r for r in first}.values()) == 1
+    monkeypatch.setattr(pipeline, "JudgeStream", JudgeStream)
+    fed: list[str] = []
+    real_submit = JudgeStream.submit
+    monkeypatch.setattr(JudgeStream, "submit", lambda self, name, source: (fed.append(name),
+                                                                           real_submit(self, name, source))[1])
+    report = run_synth(cfg)
+    assert report.exported == 3
+    latest = {r.index: r for r in read_records(tmp_path)}
+    judged_before = {i for i, r in {r.index: r for r in first}.items() if r.judge is not None}
+    assert not judged_before & {int(n.split("_")[0]) for n in fed}   # judged once, never again
+    for t in iter_parquet_tasks(tmp_path / "tasks.parquet"):
+        assert latest[int(t.name.split("_")[0])].judge.ok
