@@ -6,9 +6,11 @@ triangles, replaced inputs, 1e-6 input jitter, float64 evaluation, batch mixing,
 at initialisation) on `--sets` fresh input sets drawn under other seeds than the filter's. A task
 that passes the filters and fails here is a defect the filters missed (with more sets, a
 near-degenerate output shows up more often). Tasks run in this process: audit only exports you
-made.
+made. `--batch N` probes each task at `BATCH = N` instead of its exported size (a sample sized for a
+GPU audited on a CPU; the filters' shortcut checks also run at the composed size, before the runtime
+window rescales it).
 
-    python benchmarks/synth_audit.py OUT/tasks.jsonl [--sets 30] [--device cpu] [--json audit.json]
+    python benchmarks/synth_audit.py OUT/tasks.jsonl [--sets 30] [--device cpu] [--batch N] [--json audit.json]
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from cuda_agent.synth.compose import set_batch
 from cuda_agent.synth.filters import FilterConfig
 from cuda_agent.synth.worker import Reject, Runner, shortcut_checks
 
 
-def audit(path: Path, sets: int, device: str, seed: int) -> dict:
+def audit(path: Path, sets: int, device: str, seed: int, batch: int | None = None) -> dict:
     cfg = FilterConfig(device=device, n_input_sets=sets, shortcut_seed=seed).payload()
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     found: list[dict] = []
     t0 = time.monotonic()
     for n, row in enumerate(rows, 1):
         t = time.monotonic()
+        code = (set_batch(row["code"], batch) or row["code"]) if batch else row["code"]
         try:
-            shortcut_checks(Runner(row["code"], device), cfg, row["code"])
+            shortcut_checks(Runner(code, device), cfg, code)
             verdict = {"name": row["name"], "defect": None}
         except Reject as rej:
             verdict = {"name": row["name"], "defect": rej.filter, "message": rej.message[:300]}
@@ -51,9 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", type=int, default=30, help="fresh input sets per task")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=90_000, help="input set k is drawn under seed + k")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="probe every task at BATCH = this instead of its exported size (e.g. 16 on a CPU)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    result = audit(args.tasks, args.sets, args.device, args.seed)
+    if args.batch is not None and args.batch < 1:
+        ap.error("--batch: a positive number")
+    result = audit(args.tasks, args.sets, args.device, args.seed, args.batch)
+    result["batch"] = args.batch
     print(f"{result['defective']} of {result['tasks']} tasks defective on {args.sets} fresh input sets: "
           f"{result['by_defect']} ({result['wall_s']} s)")
     if args.json:
