@@ -197,11 +197,10 @@ def mm_task(n: int) -> str:
 
 
 # (label, kind, size): the elementwise kernels move 32 MB to 2 GB (~10 us to ~0.6 ms), the SGEMMs
-# run from ~2 to ~120 ms
 # run from ~2 to ~120 ms. `ewt`: the same task with a ModelNew of plain PyTorch (`x * 2.0 + 1.0`,
 # the eager baseline's own two kernels) judged as a candidate under the lenient policy, only when
-# named in --cases: whether PyTorch's kernels keep Nsight Compute's time in the candidate's process
-# where the workspace's kernel does not.
+# named in --cases: whether PyTorch's kernels lose the same share to Nsight Compute in the judge's
+# candidate process as the workspace's kernel does.
 CASES = [("ew-4M", "ew", 1 << 22), ("ew-32M", "ew", 1 << 25), ("ew-256M", "ew", 1 << 28),
          ("mm-1024", "mm", 1024), ("mm-2048", "mm", 2048), ("mm-4096", "mm", 4096), ("mm-8192", "mm", 8192),
          ("ewt-32M", "ewt", 1 << 25), ("ewt-256M", "ewt", 1 << 28)]
