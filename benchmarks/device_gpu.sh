@@ -259,8 +259,9 @@ case "$stage" in
     # Tasks generated and filtered per hour, the judge's reference checks (Judge.check_reference)
     # inside the pipeline (SYNTH_JUDGE_CHECK=1, the default; 0: without), then the same checks of
     # SYNTH_JUDGE exported tasks afterwards (default 0); SYNTH_OVERLAP=1: the judges check beside
-    # the filters (--judge-overlap). Its statistics come back in synth_throughput.json, the sample itself packed in synth-sample.tgz. SYNTH_RESUME=1 continues
-    # the sample carried in .synth-h200/synth-sample.tgz (from an earlier call) instead of starting anew.
+    # the filters (--judge-overlap). Its statistics come back in synth_throughput.json, the sample
+    # itself packed in synth-sample.tgz. SYNTH_RESUME=1 continues the sample carried in
+    # .synth-h200/synth-sample.tgz (from an earlier call) instead of starting anew.
     rm -rf /tmp/synth-h200
     if [ -n "${SYNTH_RESUME:-}" ] && [ -f .synth-h200/synth-sample.tgz ]; then
       tar xzf .synth-h200/synth-sample.tgz -C /tmp && echo "resuming: $(grep -c . /tmp/synth-h200/candidates.jsonl) candidates"
