@@ -66,20 +66,17 @@ def stage_split(out: Path) -> dict:
     shortcuts, window, final_values, compile) summed over every candidate, their shares, the
     worker-seconds each accepted task cost (its own checks and those of the candidates rejected),
     and the check time of accepted and rejected candidates apart."""
+    from cuda_agent.synth.pipeline import read_records
+
     totals: Counter = Counter()
     spent: dict[bool, list[float]] = {True: [], False: []}
-    path = out / "candidates.jsonl"
     # The log holds a candidate again each time its record changes (the judge's reference check
-    # after the filters): its last line counts, once. Accepted or not by the filters' check itself.
-    last = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        if line.strip():
-            rec = json.loads(line)
-            last[rec.get("index")] = rec
-    for rec in last.values():
-        check = rec.get("check") or {}
-        spent[bool(check.get("accepted", rec.get("accepted")))].append(float(check.get("check_s") or 0.0))
-        for name, sec in (check.get("stage_s") or {}).items():
+    # after the filters): its last record counts, once. Accepted or not by the filters' check
+    # itself; a candidate the static filters removed was never checked (0 s).
+    for rec in {r.index: r for r in read_records(out)}.values():
+        check = rec.check
+        spent[check.accepted if check is not None else rec.accepted].append(check.check_s if check is not None else 0.0)
+        for name, sec in (check.stage_s if check is not None else {}).items():
             totals[name] += sec
     whole = sum(spent[True]) + sum(spent[False])
     staged = sum(totals.values())

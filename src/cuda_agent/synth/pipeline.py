@@ -130,6 +130,11 @@ class _Phases:
             f.write(json.dumps(row) + "\n")
 
 
+def _judge_name(rec: CandidateRecord) -> str:
+    """The task name a judge's reference check of `rec` carries (its index first, to map it back)."""
+    return f"{rec.index}_{rec.name}"
+
+
 def read_records(out: Path) -> list[CandidateRecord]:
     path = _log_path(out)
     if not path.exists():
@@ -210,7 +215,7 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
 
     def judged(check: ReferenceCheck) -> None:
         # recorded as each verdict comes: an interrupted check keeps what it finished
-        index = int(check.name.split("_", 1)[0])
+        index = int(check.name.split("_", 1)[0])   # the index _judge_name put first
         rec = records[index].model_copy(update={"judge": check})
         checked["n"] += 1
         if not check.ok:
@@ -226,7 +231,7 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     def feed(rec: CandidateRecord) -> None:
         if stream is not None and rec.accepted and rec.judge is None and rec.index not in streamed:
             streamed.add(rec.index)
-            stream.submit(f"{rec.index}_{rec.name}", rec.source)
+            stream.submit(_judge_name(rec), rec.source)
 
     def take_verdicts(timeout: float = 0.0) -> None:
         for check in stream.results(timeout) if stream is not None else ():
@@ -294,7 +299,7 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
                 if not todo:
                     break
                 failed_before = checked["failed"]
-                verdicts = check_tasks([(f"{r.index}_{r.name}", r.source) for r in todo], cfg.filters.device,
+                verdicts = check_tasks([(_judge_name(r), r.source) for r in todo], cfg.filters.device,
                                        cfg.judge_parallel, on_result=judged)
                 phases.end("judge", checked=len(verdicts), failed=checked["failed"] - failed_before)
                 phase_from = (len(records), accepted, checked["n"], checked["failed"])

@@ -95,6 +95,7 @@ class Runner:
 
     def inputs(self, seed: int) -> list:
         torch = self.torch
+        xs = None
         if self.device != "cpu":
             # Made on the device itself: at the sizes the runtime window asks for (inputs of a GB
             # and more), drawing them on the worker's two CPU threads and copying them over took
@@ -105,16 +106,15 @@ class Runner:
             try:
                 with torch.device(self.device):
                     xs = list(self.module.get_inputs())
-                return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in xs]
             except Exception as exc:  # noqa: BLE001 - retried on the CPU below, where a real error is reported
                 if is_out_of_memory(exc):
                     raise   # as large on the CPU: the callers' out-of-memory handling decides
-
-        torch.manual_seed(seed)
-        try:
-            xs = list(self.module.get_inputs())
-        except Exception as exc:
-            raise Reject("eager_error", f"get_inputs: {type(exc).__name__}: {exc}") from None
+        if xs is None:
+            torch.manual_seed(seed)
+            try:
+                xs = list(self.module.get_inputs())
+            except Exception as exc:
+                raise Reject("eager_error", f"get_inputs: {type(exc).__name__}: {exc}") from None
         return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in xs]
 
     def run(self, model, xs, what: str = "forward") -> list:
