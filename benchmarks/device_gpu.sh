@@ -258,9 +258,9 @@ case "$stage" in
   synth)
     # Tasks generated and filtered per hour, the judge's reference checks (Judge.check_reference)
     # inside the pipeline (SYNTH_JUDGE_CHECK=1, the default; 0: without), then the same checks of
-    # SYNTH_JUDGE exported tasks afterwards (default 0); SYNTH_OVERLAP=1: the judges check beside
-    # the filters (--judge-overlap). Its statistics come back in synth_throughput.json, the sample
-    # itself packed in synth-sample.tgz. SYNTH_RESUME=1 continues the sample carried in
+    # SYNTH_JUDGE exported tasks afterwards (default 0); the judges check beside the filters
+    # (--judge-overlap) unless SYNTH_OVERLAP=0. Its statistics come back in synth_throughput.json,
+    # the sample itself packed in synth-sample.tgz. SYNTH_RESUME=1 continues the sample carried in
     # .synth-h200/synth-sample.tgz (from an earlier call) instead of starting anew.
     rm -rf /tmp/synth-h200
     if [ -n "${SYNTH_RESUME:-}" ] && [ -f .synth-h200/synth-sample.tgz ]; then
@@ -275,7 +275,7 @@ case "$stage" in
     fi
     timeout $limit python3 benchmarks/synth_throughput.py --n "${SYNTH_N:-300}" --out /tmp/synth-h200 \
       --time-limit $gen --judge-sample "${SYNTH_JUDGE:-0}" --judge-parallel ${JUDGE_PARALLEL:-4} \
-      $([ "${SYNTH_JUDGE_CHECK:-1}" = 0 ] || echo --judge-check) $([ -n "${SYNTH_OVERLAP:-}" ] && echo --judge-overlap) \
+      $([ "${SYNTH_JUDGE_CHECK:-1}" = 0 ] || echo --judge-check) $([ "${SYNTH_OVERLAP:-1}" = 0 ] && echo --no-judge-overlap) \
       > "$out/synth.log" 2>&1
     echo "synth rc=$?"
     tar czf "$out/synth-sample.tgz" -C /tmp synth-h200

@@ -122,12 +122,18 @@ def judge_sample(out: Path, k: int, device: str, parallel: int) -> dict:
 
 def phase_rates(phases: list[dict]) -> dict:
     """Rates of the two kinds of phase apart: tasks the filters accepted per hour of generating and
-    filtering, tasks the judge checked per hour of judging."""
+    filtering, tasks the judge checked per hour of its own phase after the filters. With the judges
+    beside the filters (--judge-overlap) most checks happen inside the filter phase and the
+    accepted count there is already net of the judge's failures; the judge phase then holds only
+    what the stream left (out of GPU memory, a judge that died), so its rate says little: the
+    run's own figure is `judge_checked_per_gpu_hour` (every check over the whole wall time)."""
     def rate(kind: str, count: str) -> float | None:
         wall = sum(p["wall_s"] for p in phases if p["phase"] == kind)
-        return sum(p[count] for p in phases if p["phase"] == kind) / wall * 3600 if wall > 0 else None
+        return sum(p.get(count, 0) for p in phases if p["phase"] == kind) / wall * 3600 if wall > 0 else None
 
-    return {"filter_accepted_per_hour": rate("filter", "accepted"), "judge_checked_per_hour": rate("judge", "checked")}
+    return {"filter_accepted_per_hour": rate("filter", "accepted"),
+            "checked_beside_filters": sum(p.get("checked", 0) for p in phases if p["phase"] == "filter"),
+            "judge_phase_checked_per_hour": rate("judge", "checked")}
 
 
 def main() -> int:
@@ -148,8 +154,9 @@ def main() -> int:
     ap.add_argument("--judge-check", action="store_true", help="the judge's reference checks inside the pipeline")
     ap.add_argument("--judge-sample", type=int, default=0, help="the judge's reference checks of this many exported tasks")
     ap.add_argument("--judge-parallel", type=int, default=4, help="judge processes (default 4)")
-    ap.add_argument("--judge-overlap", action="store_true",
-                    help="with --judge-check: the judges check each task as the filters accept it, beside them")
+    ap.add_argument("--judge-overlap", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --judge-check: the judges check each task as the filters accept it, beside them "
+                         "(default; --no-judge-overlap: after the filters stop)")
     ap.add_argument("--split-only", action="store_true",
                     help="print where the check time of the sample already in --out went (check_split), run nothing")
     args = ap.parse_args()
@@ -198,6 +205,8 @@ def main() -> int:
               "shortcut_checks": report.shortcut_checks, "n_input_sets": report.n_input_sets,
               "diversity": report.diversity,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
+              "judge_checked_per_gpu_hour": report.judge_checked / report.wall_s * 3600 / n_gpus
+              if n_gpus and report.wall_s > 0 else None,
               **phase_rates(report.phases), "phases": report.phases,
               "check_split": stage_split(args.out), "sample": sample_stats(args.out),
               "rejection_examples": rejection_examples(args.out)}

@@ -112,7 +112,8 @@ def test_time_limit_stops_early_and_exports_what_was_accepted(tmp_path, catalog_
 
 def test_judge_check_rejects_what_the_judge_fails_and_generates_replacements(tmp_path, catalog_file, monkeypatch):
     """With judge_check every exported task passed the judge's reference checks (real judge, CPU);
-    one the judge fails (here: made to fail) is recorded as judge_reference and replaced."""
+    one the judge fails (here: made to fail) is recorded as judge_reference and replaced. Without
+    judge_overlap: all checks after the filters (the path that also takes what the stream leaves)."""
     import cuda_agent.synth.pipeline as pipeline
     from cuda_agent.synth.judgecheck import ReferenceCheck
 
@@ -131,7 +132,7 @@ def test_judge_check_rejects_what_the_judge_fails_and_generates_replacements(tmp
 
     monkeypatch.setattr(pipeline, "check_tasks", first_fails)
     cfg = SynthConfig(n=3, out=tmp_path, seed=5, workers=2, catalog=catalog_file, compose={"profile": "cpu"},
-                      judge_check=True, judge_parallel=2,
+                      judge_check=True, judge_overlap=False, judge_parallel=2,
                       filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60, compile=False))
     report = run_synth(cfg)
     assert report.exported == 3 and report.judge_checked >= 4 and report.rejected_by.get("judge_reference") == 1
@@ -170,7 +171,7 @@ def test_an_interrupted_judge_check_keeps_its_verdicts_and_resumes(tmp_path, cat
 
     monkeypatch.setattr(pipeline, "check_tasks", one_then_interrupt)
     cfg = SynthConfig(n=2, out=tmp_path, seed=9, workers=1, catalog=catalog_file, compose={"profile": "cpu"},
-                      judge_check=True,
+                      judge_check=True, judge_overlap=False,   # the checks after the filters
                       filters=FilterConfig(device="cpu", min_ms=0.02, max_ms=200, n_timed=3, timeout_s=60, compile=False))
     with pytest.raises(KeyboardInterrupt):
         run_synth(cfg)

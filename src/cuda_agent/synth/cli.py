@@ -94,7 +94,7 @@ def synth_cmd(
     judge_parallel: Annotated[Optional[int], typer.Option("--judge-parallel", help="judge processes for --judge-check")] = None,
     judge_overlap: Annotated[Optional[bool], typer.Option(
         "--judge-overlap/--no-judge-overlap", metavar="", help="with --judge-check: judge each task as the filters "
-                                                 "accept it, beside the filter workers, instead of after them")] = None,
+                                                 "accept it, beside the filter workers (default), or after them")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="SynthConfig fields from a TOML or JSON file")] = None,
     set_: Annotated[Optional[list[str]], typer.Option(
         "-c", "--set", help="override one SynthConfig field, nested ones by their path: -c n=100, "

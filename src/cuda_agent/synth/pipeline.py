@@ -12,9 +12,9 @@ With `judge_check`, every accepted candidate is then held to the judge's referen
 (`Judge.check_reference`, in parallel judge processes once the filter workers are stopped); a task
 that fails is rejected as `judge_reference` (its record appended again with the verdict) and
 replacements are generated, so that every exported task passed the judge. With `judge_overlap`
-too, judge processes stay up beside the filter workers and take each task as the filters accept
-it (`JudgeStream`); only what they could not answer (out of GPU memory, a judge that died) is
-checked after the filters stop.
+(the default), judge processes stay up beside the filter workers and take each task as the filters
+accept it (`JudgeStream`); only what they could not answer (out of GPU memory, a judge that died)
+is checked after the filters stop. Without it, all checks wait for the filter workers to stop.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ class SynthConfig(BaseModel):
     judge_check: bool = Field(False, description="hold every accepted task to the judge's reference checks; "
                                                  "export only those that pass")
     judge_parallel: int = Field(4, ge=1, description="judge processes for judge_check (GPUs taken in turn)")
-    judge_overlap: bool = Field(False, description="with judge_check: judge each task as the filters accept it, "
-                                                   "beside the filter workers (whose GPU memory shares then leave "
-                                                   "room for the judges), instead of after them")
+    judge_overlap: bool = Field(True, description="with judge_check: judge each task as the filters accept it, "
+                                                  "beside the filter workers (whose GPU memory shares then leave "
+                                                  "room for the judges); off: after the filters stop")
 
     def identity(self) -> dict:
         return {"seed": self.seed, "composer": self.composer, "compose": self.compose.model_dump()}
