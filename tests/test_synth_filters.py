@@ -103,6 +103,42 @@ def test_a_discontinuity_of_a_computed_value_is_ill_conditioned(pool):
     assert r.rejection is not None and r.rejection.filter == "ill_conditioned", r.rejection
 
 
+def _two_input_task(body: str, shape: str) -> str:
+    return (HEAD + "class Model(nn.Module):\n    def forward(self, x, y):\n        return " + body + "\n\n\n"
+            f"def get_inputs():\n    return [torch.randn({shape}), torch.randn({shape})]\n\n\n"
+            "def get_init_inputs():\n    return []\n")
+
+
+@pytest.mark.parametrize("body, shape, why", [
+    # a jump at an integer of a computed value, about one set in a hundred
+    ("torch.frac((x + y) * 3.0)", "BATCH, 16", "an op that jumps at a boundary"),
+    # heavy tails: a near-singular matrix, a near-cancelling difference, now and then
+    ("torch.inverse(x + y)", "1, 3, 3", "a near miss"),
+    ("1.0 / (x - y)", "1, 4", "a near miss"),
+])
+def test_a_rare_jitter_failure_is_found_on_the_suspects_extra_sets(body, shape, why):
+    """Tasks that leave the tolerance under a 1e-6 jitter on one input set in ~100: the first 30
+    sets all pass (so without the extra sets the task would be exported), the 300 that its trace or
+    its near misses ask for find it (in-process, CPU, fixed seeds)."""
+    from cuda_agent.synth.worker import Reject, Runner, shortcut_checks
+
+    source = _two_input_task(body, shape)
+    shortcut_checks(Runner(source, "cpu"), fast_config(jitter_sets_suspect=30).payload(), source)
+    with pytest.raises(Reject) as rej:
+        shortcut_checks(Runner(source, "cpu"), fast_config().payload(), source)
+    assert rej.value.filter == "ill_conditioned" and "of 300 tried" in rej.value.message and why in rej.value.message
+
+
+def test_a_continuous_task_with_a_suspect_op_is_kept_after_the_extra_sets():
+    """`where` and a comparison make a task suspect, and a ReLU written with them is continuous:
+    the extra sets cost time, not the task."""
+    from cuda_agent.synth.worker import Runner, jumps_at_boundaries, shortcut_checks
+
+    source = _two_input_task("torch.where(x + y > 0, x + y, torch.zeros_like(x))", "BATCH, 64")
+    assert jumps_at_boundaries([], source)
+    shortcut_checks(Runner(source, "cpu"), fast_config().payload(), source)
+
+
 def test_a_task_that_declares_it_mixes_the_batch_is_kept(pool):
     mixing = PLANTED["batch_mixing"].replace("BATCH = 16\n", "BATCH = 16\nMIXES_BATCH = True\n")
     r = pool.check(mixing)

@@ -58,7 +58,8 @@ FILTERS: dict[str, str] = {
     "droppable_input": "an input replaced by other values still passes the judge's comparison",
     "hardcodable_parameter": "a parameter is constant at initialisation (all ones, all zeros): a kernel could hard-code it",
     "droppable_parameter": "a parameter, or a triangle or half of one, dropped or replaced still passes the judge's comparison",
-    "ill_conditioned": "a 1e-6 relative input jitter or float64 arithmetic leaves the judge's tolerance",
+    "ill_conditioned": "a 1e-6 relative input jitter or float64 arithmetic leaves the judge's tolerance (the "
+                       "jitter on 300 input sets where an op jumps at a boundary or a set came near)",
     "batch_mixing": "samples of the batch influence each other (allowed only with MIXES_BATCH = True)",
     "runtime_window": "eager runtime outside the window after rescaling",
     "compile_error": "torch.compile fails",
@@ -115,6 +116,14 @@ class FilterConfig(BaseModel):
     jitter_rel: float = Field(1e-6, description="relative input jitter an honest kernel's rounding must survive")
     jitter_sets: int = Field(30, description="input sets the jitter is tried on (the first n_input_sets with "
                                              "the float64 evaluation)")
+    jitter_sets_suspect: int = Field(300, description="input sets the jitter is tried on when the task runs an op "
+                                                      "that jumps at a boundary (floor, sign, a comparison, ...) or "
+                                                      "a jittered output came within jitter_near_miss of the "
+                                                      "tolerance on the first jitter_sets")
+    jitter_near_miss: float = Field(0.05, description="a jittered element this close to the elementwise tolerance "
+                                                      "(|difference| / (atol + rtol |expected|)) marks the task as "
+                                                      "suspect: a heavy tail (an ill-conditioned matrix now and "
+                                                      "then) crosses it on a later set")
     near_constant_share: float = Field(0.95, description="reject when a constant matches this share of an "
                                                          "output's elements at the judge's elementwise tolerance")
     noise_headroom: float = Field(8.0, description="reject when float32 is further from float64 than "
