@@ -120,9 +120,10 @@ class FilterConfig(BaseModel):
                                                       "that jumps at a boundary (floor, sign, a comparison, ...) or "
                                                       "a jittered output came within jitter_near_miss of the "
                                                       "tolerance on the first jitter_sets")
-    jitter_near_miss: float = Field(0.05, description="a jittered element this close to the elementwise tolerance "
-                                                      "(|difference| / (atol + rtol |expected|)) marks the task as "
-                                                      "suspect: a heavy tail (an ill-conditioned matrix now and "
+    jitter_near_miss: float = Field(0.05, description="a jittered output this close to failing marks the task as "
+                                                      "suspect (the larger of |difference| / (atol + rtol "
+                                                      "|expected|) over the elements and the relative L2 error over "
+                                                      "its bound): a heavy tail (an ill-conditioned matrix now and "
                                                       "then) crosses it on a later set")
     near_constant_share: float = Field(0.95, description="reject when a constant matches this share of an "
                                                          "output's elements at the judge's elementwise tolerance")
