@@ -648,6 +648,34 @@ def _literal(node, names: dict) -> object:
         return None
 
 
+def load_inline_calls(tree) -> list[dict]:
+    """The arguments of every load_inline call of a parsed module that are literals (or module-level
+    names bound to literals): name, cpp_sources, cuda_sources and functions (None where not a
+    literal), `flags` (the extra_*flags, as one list) and `include_paths` (extra_include_paths)."""
+    import ast
+
+    names = _module_strings(tree)
+    calls = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func).rpartition(".")[2] == "load_inline"):
+            continue
+        args = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+        for i, key in enumerate(("name", "cpp_sources", "cuda_sources", "functions")):
+            if i < len(call.args):
+                args.setdefault(key, call.args[i])
+        found = {key: _literal(args[key], names) if key in args else None
+                 for key in ("cpp_sources", "cuda_sources", "functions")}
+        found["name"] = _literal(args["name"], names) if "name" in args else "ext"
+        flags = []
+        for key in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+            value = _literal(args[key], names) if key in args else None
+            flags += [value] if isinstance(value, str) else [str(x) for x in value or []]
+        found["flags"] = flags
+        found["include_paths"] = _literal(args["extra_include_paths"], names) if "extra_include_paths" in args else []
+        calls.append(found)
+    return calls
+
+
 def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
     """What the judge would refuse before running anything, as (failure category, message) in the
     judge's own words: the Python policy, the compiler flags and the C++ policy of every load_inline
@@ -663,28 +691,16 @@ def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
     except SyntaxError as exc:
         return [("load", f"model_new: syntax error at line {exc.lineno}: {exc.msg}")]
     found = [("policy", v) for v in pol.check_python(code, policy)]
-    names = _module_strings(tree)
-    for call in ast.walk(tree):
-        if not (isinstance(call, ast.Call) and ast.unparse(call.func).rpartition(".")[2] == "load_inline"):
-            continue
-        args = {kw.arg: kw.value for kw in call.keywords if kw.arg}
-        for i, key in enumerate(("name", "cpp_sources", "cuda_sources", "functions")):
-            if i < len(call.args):
-                args.setdefault(key, call.args[i])
-        name = _literal(args["name"], names) if "name" in args else "ext"
-        flags = []
-        for key in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
-            value = _literal(args[key], names) if key in args else None
-            flags += [value] if isinstance(value, str) else [str(x) for x in value or []]
-        if "extra_include_paths" in args and _literal(args["extra_include_paths"], names) != []:
+    for call in load_inline_calls(tree):
+        if call["include_paths"] != []:
             found.append(("load", "RuntimeError: extra_include_paths is not supported by the judge"))
-        bad = check_flags(flags)
+        bad = check_flags(call["flags"])
         if bad:
             found.append(("compile", f"compiler/linker flags not allowed: {' '.join(bad)}"))
         for key, file in (("cpp_sources", "main.cpp"), ("cuda_sources", "cuda.cu")):
-            value = _literal(args[key], names) if key in args else None
+            value = call[key]
             for src in [value] if isinstance(value, str) else [x for x in value or [] if isinstance(x, str)]:
-                found += [("policy", v) for v in pol.check_cpp(src, f"{name}/{file}", policy)]
+                found += [("policy", v) for v in pol.check_cpp(src, f"{call['name']}/{file}", policy)]
     return found
 
 

@@ -643,6 +643,115 @@ def test_a_torch_compile_baselines_first_calls_get_a_builds_time_limit(tmp_path)
     assert v.compiled_ref is not None and v.compile_mode == "default"
 
 
+LIGHT_KERNEL = """#include <torch/extension.h>
+__global__ void twice_kernel(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.f * x[i];
+}
+torch::Tensor twice(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    int n = x.numel();
+    twice_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+
+
+def _light_spec(cuda_source: str = LIGHT_KERNEL, name: str = "light_twice"):
+    return inline_spec(name=name, cpp_sources=["torch::Tensor twice(torch::Tensor x);"], cuda_sources=[cuda_source],
+                       functions=["twice"], cflags=[], cuda_cflags=[], ldflags=[], with_cuda=True)
+
+
+@pytest.mark.parametrize("first_try", ["builds", "fails", "times out"])
+def test_light_cuda_headers_are_a_first_try_with_torchs_header_after_it(tmp_path, monkeypatch, first_try):
+    """With light_cuda_headers a .cu that includes torch/extension.h is first compiled with the
+    judge's stand-in ahead of torch's header (nvcc's line only); a failure builds again with torch's
+    own header, a timeout does not (the compiler is stood in for: what is tested is the order of the
+    tries and what each passes; the GPU tier builds real ones)."""
+    from pathlib import Path
+
+    from cuda_agent.judge.build import LIGHT_DIR, LIGHT_EXTENSION_H, Builder
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None,
+                      light_cuda_headers=True)
+    monkeypatch.setattr(builder, "_pch", lambda spec: None)
+    jobs: list[dict] = []
+
+    def fake_job(bdir, job):
+        jobs.append(job)
+        light = any(f.endswith(LIGHT_DIR) for f in job["cuda_cflags"])
+        if light:
+            assert (Path(job["cuda_cflags"][0][2:]) / "torch" / "extension.h").read_text() == LIGHT_EXTENSION_H
+            if first_try == "fails":
+                raise BuildError("cuda.cu: error: namespace \"pybind11\" has no member \"module_\"")
+            if first_try == "times out":
+                raise BuildError("build exceeded 60 s", timeout=True)
+        Path(job["build_directory"], "light_twice.so").write_bytes(b"\x7fELF fake")
+
+    monkeypatch.setattr(builder, "_run_job", fake_job)
+    monkeypatch.setattr("cuda_agent.judge.build.object_imports", lambda out: {})
+    if first_try == "times out":
+        with pytest.raises(BuildError, match="exceeded"):
+            builder.build(_light_spec())
+        assert len(jobs) == 1
+        return
+    result = builder.build(_light_spec())
+    assert [f.startswith("-I") for f in jobs[0]["cuda_cflags"]][:1] == [True]
+    assert all(not f.startswith("-I") for f in jobs[0]["cflags"])        # main.cpp keeps torch's header
+    if first_try == "builds":
+        assert len(jobs) == 1 and result.light_headers
+    else:
+        assert len(jobs) == 2 and not result.light_headers
+        assert not any(LIGHT_DIR in f for f in jobs[1]["cuda_cflags"])
+
+
+def test_light_cuda_headers_leave_other_builds_alone(tmp_path, monkeypatch):
+    """Off (the default), or a .cu that does not include torch/extension.h: one build, torch's flags."""
+    from pathlib import Path
+
+    from cuda_agent.judge.build import LIGHT_DIR, Builder
+
+    jobs: list[dict] = []
+
+    def fake_job(bdir, job):
+        jobs.append(job)
+        Path(job["build_directory"], f"{job['name']}.so").write_bytes(b"\x7fELF fake")
+
+    for light_on, source, name in ((False, LIGHT_KERNEL, "off"),
+                                   (True, LIGHT_KERNEL.replace("torch/extension.h", "torch/types.h"), "types_h")):
+        builder = Builder(tmp_path / "cache", tmp_path / f"work-{name}", arch=None, timeout_s=60, uid=None,
+                          light_cuda_headers=light_on)
+        monkeypatch.setattr(builder, "_pch", lambda spec: None)
+        monkeypatch.setattr(builder, "_run_job", fake_job)
+        monkeypatch.setattr("cuda_agent.judge.build.object_imports", lambda out: {})
+        result = builder.build(_light_spec(source, name))
+        assert not result.light_headers
+    assert len(jobs) == 2 and not any(LIGHT_DIR in f for job in jobs for f in job["cuda_cflags"])
+
+
+@pytest.mark.gpu
+def test_light_cuda_headers_build_real_kernels_and_fall_back_for_pybind11(tmp_path):
+    """Real nvcc builds: a published-style .cu that includes torch/extension.h builds with the
+    stand-in and computes; one that uses pybind11 in the .cu fails with it and is built with
+    torch's header, and computes too."""
+    import importlib.machinery
+    import importlib.util
+
+    from cuda_agent.judge.build import Builder
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=600, uid=None,
+                      light_cuda_headers=True)
+    uses_pybind = LIGHT_KERNEL + "\nstatic pybind11::object keep_pybind11_in_this_file() { return pybind11::none(); }\n"
+    x = torch.randn(1000, device="cuda")
+    for source, name, light in ((LIGHT_KERNEL, "light_twice", True), (uses_pybind, "light_pybind", False)):
+        result = builder.build(_light_spec(source, name))
+        assert result.light_headers is light
+        loader = importlib.machinery.ExtensionFileLoader(name, str(result.library))
+        module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+        loader.exec_module(module)
+        assert torch.equal(module.twice(x), 2 * x)
+
+
 def test_inline_preludes_are_made_on_a_flag_sets_second_use_and_the_oldest_evicted(tmp_path, monkeypatch):
     """load_inline's torch/extension.h is precompiled once a flag set is seen twice (one use would
     pay more for the header than it saves), shared by every extension name, linked into the build

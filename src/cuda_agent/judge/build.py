@@ -101,6 +101,7 @@ class BuildResult(BaseModel):
     seconds: float
     cached: bool
     key: str
+    light_headers: bool = False   # the .cu files were compiled with LIGHT_EXTENSION_H (a fresh build only)
 
 
 IMPORTS_FILE = "imports.json"
@@ -111,6 +112,21 @@ REGISTRY_HEADER = "binding_registry.h"
 # or a -include; the system include of the original is searched for in torch's folders)
 INLINE_PRELUDE = "torch_extension_prelude.h"
 INLINE_PCH_KEEP = 6            # precompiled inline preludes kept (least recently used go first)
+# Published load_inline CUDA sources start with `#include <torch/extension.h>`: torch's whole C++
+# frontend and pybind11, which nvcc's two front ends (cudafe++ for the host side, cicc for the
+# device side) parse in every .cu, about three times what a kernel file's tensor API needs (nvcc
+# -time: cudafe++ and cicc over 70% of such a compile; benchmarks/cuda_header_cost.py). With
+# light_cuda_headers a build first puts this stand-in ahead of torch's header for the .cu files
+# only (main.cpp keeps torch's own, for its bindings); a file that uses more (pybind11, torch::nn)
+# fails and the build runs again with torch's header. The object is the candidate's code either way:
+# what the judge then verifies and times is what it built.
+LIGHT_DIR = "light-include"
+LIGHT_EXTENSION_H = """#pragma once
+// cuda-agent's stand-in for <torch/extension.h> in .cu files: the tensor API (torch/types.h:
+// ATen's tensors and operators, TORCH_CHECK, the dispatch macros) without the C++ frontend's
+// modules and pybind11. A file that needs those is built again with torch's own header.
+#include <torch/types.h>
+"""
 
 
 def object_imports(out_dir: Path) -> list[str] | None:
@@ -245,7 +261,8 @@ class Builder:
     """Builds specs into the shared library cache. Thread-safe across processes via file locks."""
 
     def __init__(self, cache_dir: Path, work_root: Path, *, arch: str | None, timeout_s: float,
-                 uid: int | None, jobs: int | None = None, zygote=None, cpus: list[int] | None = None):
+                 uid: int | None, jobs: int | None = None, zygote=None, cpus: list[int] | None = None,
+                 light_cuda_headers: bool = False):
         self.lib_dir = cache_dir / "ext"
         self.build_root = work_root / "build"
         self.lib_dir.mkdir(parents=True, exist_ok=True)
@@ -260,6 +277,7 @@ class Builder:
         self.zygote = zygote  # callable returning a Zygote (or None): saves the interpreter start
         self.pch_root = work_root / "pch"
         self._pch_failed: set[str] = set()
+        self.light_cuda_headers = light_cuda_headers   # see LIGHT_EXTENSION_H
 
     def lookup(self, spec: BuildSpec) -> Path | None:
         lib = self.lib_dir / spec.key(self.fingerprint) / f"{spec.name}.so"
@@ -291,7 +309,21 @@ class Builder:
         gch = self._pch(spec)
         self._attach_pch(bdir / "src", gch, spec)
         shared = gch.parent / SHARED_BINDING if gch is not None else None
-        self._run(bdir, spec, shared if shared and shared.exists() else None)
+        shared = shared if shared and shared.exists() else None
+        light = self.light_cuda_headers and spec.with_cuda and any(
+            rel.endswith(".cu") and "torch/extension.h" in text for rel, text in spec.sources)
+        if light:
+            try:
+                self._run(bdir, spec, shared, light=True)
+            except BuildError as exc:
+                if exc.timeout:
+                    raise
+                # Torch's own header next, as a plain load_inline build would: what the stand-in
+                # lacked, or the candidate's own error (then this build fails too, and its errors
+                # are the ones reported). Only the .cu files compile again (their flags changed).
+                light = False
+        if not light:
+            self._run(bdir, spec, shared)
         built = bdir / "out" / f"{spec.name}.so"
         if not built.exists():
             raise BuildError("the build produced no library")
@@ -308,7 +340,8 @@ class Builder:
             os.rename(tmp, dest)
         except OSError:  # another judge finished the same key first
             shutil.rmtree(tmp, ignore_errors=True)
-        return BuildResult(library=dest / f"{spec.name}.so", seconds=time.monotonic() - t0, cached=False, key=key)
+        return BuildResult(library=dest / f"{spec.name}.so", seconds=time.monotonic() - t0, cached=False, key=key,
+                           light_headers=light)
 
     def _claim_folder(self, spec: BuildSpec, ways: int = 8):
         """A persistent build folder of the spec's slot, locked. Different sources under one slot
@@ -452,15 +485,27 @@ class Builder:
         # A symlink: the build folder is chowned to the build uid, which must not own the shared file.
         dest.symlink_to(gch)
 
-    def _run(self, bdir: Path, spec: BuildSpec, shared_binding: Path | None = None) -> None:
+    def _run(self, bdir: Path, spec: BuildSpec, shared_binding: Path | None = None, light: bool = False) -> None:
         """Build the spec in `bdir`; `shared_binding`: the fixed binding.cpp's object, linked
-        instead of compiling binding.cpp here (ninja links extra_ldflags after the objects)."""
+        instead of compiling binding.cpp here (ninja links extra_ldflags after the objects);
+        `light`: the .cu files see LIGHT_EXTENSION_H as <torch/extension.h>."""
         src = bdir / "src"
         compiled = [str(src / rel) for rel, _ in spec.sources if rel.endswith((".cu", ".cpp", ".cc"))
                     and not (shared_binding is not None and rel == "binding.cpp")]
+        cuda_cflags = list(spec.cuda_cflags)
+        if light:
+            # outside src/ (the candidate's sources), written by the judge; an -I of nvcc's line
+            # only, searched before torch's -isystem folders
+            header = bdir / LIGHT_DIR / "torch" / "extension.h"
+            header.parent.mkdir(parents=True, exist_ok=True)
+            header.write_text(LIGHT_EXTENSION_H)
+            for path in (header.parent.parent, header.parent):
+                path.chmod(0o755)
+            header.chmod(0o644)
+            cuda_cflags = [f"-I{bdir / LIGHT_DIR}"] + cuda_cflags
         job = {
             "name": spec.name, "sources": compiled, "cflags": list(spec.cflags),
-            "cuda_cflags": list(spec.cuda_cflags),
+            "cuda_cflags": cuda_cflags,
             "ldflags": list(spec.ldflags) + ([str(shared_binding)] if shared_binding is not None else []),
             "include": [str(src), str(src / "kernels")], "build_directory": str(bdir / "out"),
             "with_cuda": spec.with_cuda,

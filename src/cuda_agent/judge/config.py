@@ -121,6 +121,11 @@ class JudgeConfig(BaseModel):
             0.2 if self.device == "cuda" else 0.3)
         return rel, abs_ms
     build_timeout_s: float = Field(300.0, description="limit on one build")
+    light_cuda_headers: bool = Field(
+        False, description="build a .cu that includes <torch/extension.h> first with a stand-in of the judge's "
+                           "(<torch/types.h>: no C++ frontend modules, no pybind11), which nvcc's front ends parse "
+                           "in about a third of the time; a file that needs more is built again with torch's own "
+                           "header, whose errors are the ones reported")
     init_timeout_s: float = Field(120.0, description="limit on loading the candidate and constructing ModelNew")
     call_timeout_s: float = Field(30.0, description="limit on one forward call")
     total_timeout_s: float = Field(900.0, description="limit on judging one candidate")

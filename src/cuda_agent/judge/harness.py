@@ -134,7 +134,7 @@ class Judge:
         # which must never include the candidate process waiting for that build.
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
                                uid=None if self.uid is None else host.build_uid(self.uid), zygote=self.supply.zygote,
-                               cpus=config.spare_cpus)
+                               cpus=config.spare_cpus, light_cuda_headers=config.light_cuda_headers)
         self.baseline_store = baseline_store or FileBaselineStore(config.cache_dir / "baselines")
         self.baselines = BaselineCache(self.baseline_store, persist=config.cache_baselines)
         self._integrity = _package_files()

@@ -76,7 +76,7 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
 
     def run(k: int) -> None:
         builder = Builder(config.cache_dir, work_root_dir(), arch=arch, timeout_s=config.build_timeout_s,
-                          uid=base_uid + k, jobs=jobs)
+                          uid=base_uid + k, jobs=jobs, light_cuda_headers=config.light_cuda_headers)
         while True:
             try:
                 index, cand = todo.get_nowait()

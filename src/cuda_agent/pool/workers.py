@@ -138,8 +138,8 @@ class _CompileServer:
         if arch not in self.builders:
             self.builders[arch] = Builder(self.config.cache_dir, self.work_root, arch=arch,
                                           timeout_s=self.config.build_timeout_s, uid=self.spec.build_uid,
-                                          jobs=self.spec.build_jobs,
-                                          zygote=self.zygote)
+                                          jobs=self.spec.build_jobs, zygote=self.zygote,
+                                          light_cuda_headers=self.config.light_cuda_headers)
         return self.builders[arch]
 
     def handle(self, request: CompileRequest) -> PrebuildReport:

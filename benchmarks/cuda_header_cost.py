@@ -1,0 +1,209 @@
+"""What `#include <torch/extension.h>` costs nvcc in a load_inline CUDA file, and what the judge's
+light stand-in (`JudgeConfig.light_cuda_headers`, `build.LIGHT_EXTENSION_H`) saves.
+
+Each CUDA source is laid out as the judge lays out load_inline's `cuda.cu` (`build.inline_spec`)
+and compiled to an object only (no link, no GPU needed: a machine with nvcc and torch's headers
+will do) with the nvcc line torch's extension builder writes for it, twice: as it is, and with the
+stand-in ahead of torch's header (the judge's first try). Reported per file: the seconds of each
+compile, nvcc's own split of them (`-time`: preprocessing, cudafe++ the host front end, cicc the
+device front end, ptxas, the host compile), and whether the light compile succeeded (where it
+fails, the judge builds again with torch's header: that file costs both).
+
+    python benchmarks/cuda_header_cost.py [FILES.cu|solution.py ...] [--corpus .corpus --sample 8]
+                                          [--arch 9.0] [--json out.json]
+
+Without files or a corpus, one small kernel file of the usual published form is measured. With
+`--corpus` (the KernelBench leaderboard's docs/assets, read at run time, never committed),
+`--sample` solutions whose CUDA sources include torch/extension.h are drawn from raw_data.json.
+Compiles run one at a time, so each has the machine's cores as they are (a loaded machine
+stretches both figures alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SAMPLE_KERNEL = """#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void relu_kernel(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+
+torch::Tensor relu_cuda(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor");
+    auto y = torch::empty_like(x);
+    int n = x.numel();
+    relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+
+
+def nvcc_line(folder: Path, arch: str) -> list[str]:
+    """The nvcc command torch's extension builder writes for `folder/cuda.cu` (its ninja file)."""
+    import os
+    import shlex
+
+    import torch.utils.cpp_extension as ce
+
+    from cuda_agent.judge.buildjob import _accepted, _common_kwargs
+
+    if ce.CUDA_HOME is None:   # a CPU build of torch: nvcc is still where CUDA_HOME or PATH says
+        nvcc = subprocess.run(["which", "nvcc"], capture_output=True, text=True).stdout.strip()
+        ce.CUDA_HOME = os.environ.get("CUDA_HOME") or (str(Path(nvcc).resolve().parent.parent) if nvcc else None)
+        if ce.CUDA_HOME is None:
+            raise SystemExit("nvcc not found (set CUDA_HOME)")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    job = {"name": "header_cost", "sources": [str(folder / "cuda.cu")], "cflags": ["-O3"], "cuda_cflags": ["-O3"],
+           "ldflags": [], "include": [str(folder)], "build_directory": str(folder), "with_cuda": True}
+    ninja = folder / "probe.ninja"
+    kwargs = _common_kwargs(job) | {"path": str(ninja)}
+    ce._write_ninja_file_to_build_library(**_accepted(ce._write_ninja_file_to_build_library, kwargs))
+    var = {}
+    for line in ninja.read_text().splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep:
+            var[key] = value
+    return shlex.split(var["nvcc"]) + shlex.split(var["cuda_cflags"]) + shlex.split(var.get("cuda_post_cflags", ""))
+
+
+def compile_once(folder: Path, line: list[str], light_dir: Path | None) -> dict:
+    """One compile of folder/cuda.cu to an object: seconds, success, nvcc's phase split."""
+    timing = folder / f"time-{'light' if light_dir else 'full'}.csv"
+    timing.unlink(missing_ok=True)
+    cmd = line + ([f"-I{light_dir}"] if light_dir else []) + [
+        "-c", str(folder / "cuda.cu"), "-o", str(folder / "cuda.o"), "-time", str(timing)]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    phases: dict[str, float] = {}
+    if timing.exists():
+        with timing.open() as fh:
+            for row in csv.DictReader(fh, skipinitialspace=True):
+                row = {k.strip(): (v or "").strip() for k, v in row.items() if k}
+                name = row.get("phase name", "").split(" (")[0]
+                try:
+                    phases[name] = phases.get(name, 0.0) + float(row.get("metric", "0")) / 1000
+                except ValueError:
+                    continue
+    error = "" if proc.returncode == 0 else next(
+        (ln.strip() for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[-300:])[:300]
+    return {"ok": proc.returncode == 0, "s": round(seconds, 2), "phases_s": {k: round(v, 2) for k, v in phases.items()},
+            "error": error}
+
+
+def corpus_sources(corpus: Path, sample: int, seed: int) -> list[tuple[str, str]]:
+    """(label, joined CUDA sources) of `sample` corpus solutions whose CUDA sources include torch/extension.h."""
+    from fidelity import corpus_root, load_inline_calls
+
+    root = corpus_root(corpus)
+    found = []
+    for i, rec in enumerate(json.loads((root / "raw_data.json").read_text())):
+        try:
+            calls = load_inline_calls(ast.parse(rec.get("code", "")))
+        except SyntaxError:
+            continue
+        for call in calls:
+            srcs = call["cuda_sources"]
+            srcs = [srcs] if isinstance(srcs, str) else [s for s in srcs or [] if isinstance(s, str)]
+            if srcs and any("torch/extension.h" in s for s in srcs):
+                found.append((f"l{rec.get('level')}_p{rec.get('problem_id')}_{rec.get('model', i)}", "\n".join(srcs)))
+                break
+    random.Random(seed).shuffle(found)
+    return found[:sample]
+
+
+def file_sources(paths: list[Path]) -> list[tuple[str, str]]:
+    from fidelity import load_inline_calls
+
+    out = []
+    for p in paths:
+        text = p.read_text()
+        if p.suffix != ".py":
+            out.append((p.name, text))
+            continue
+        for call in load_inline_calls(ast.parse(text)):
+            srcs = call["cuda_sources"]
+            srcs = [srcs] if isinstance(srcs, str) else [s for s in srcs or [] if isinstance(s, str)]
+            if srcs:
+                out.append((p.name, "\n".join(srcs)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", type=Path, help=".cu files, or load_inline solutions (.py)")
+    ap.add_argument("--corpus", type=Path, default=None, help="the leaderboard corpus (docs/assets or a checkout)")
+    ap.add_argument("--sample", type=int, default=8, help="corpus solutions to measure")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", default="9.0", help="TORCH_CUDA_ARCH_LIST for the nvcc line (default 9.0, the H200's)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    from cuda_agent.judge.build import LIGHT_DIR, LIGHT_EXTENSION_H
+
+    sources = file_sources(args.files) if args.files else []
+    if args.corpus:
+        sources += corpus_sources(args.corpus, args.sample, args.seed)
+    if not args.files and not args.corpus:
+        sources = [("sample_relu.cu", SAMPLE_KERNEL)]
+    if not sources:
+        print("no CUDA sources found", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="header-cost-") as tmp:
+        folder = Path(tmp)
+        light = folder / LIGHT_DIR
+        (light / "torch").mkdir(parents=True)
+        (light / "torch" / "extension.h").write_text(LIGHT_EXTENSION_H)
+        line = nvcc_line(folder, args.arch)
+        for label, text in sources:
+            # load_inline's layout of cuda.cu, as build.inline_spec writes it
+            (folder / "cuda.cu").write_text("\n".join(
+                ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>", text]))
+            full = compile_once(folder, line, None)
+            lite = compile_once(folder, line, light)
+            rows.append({"source": label, "full": full, "light": lite})
+            saved = f"{full['s'] / lite['s']:.2f}x" if lite["ok"] else "falls back"
+            print(f"{label}: torch/extension.h {full['s']:.1f} s ({'ok' if full['ok'] else 'fails'}), "
+                  f"stand-in {lite['s']:.1f} s ({'ok' if lite['ok'] else 'fails: ' + lite['error'][:120]}): {saved}",
+                  flush=True)
+    both = [r for r in rows if r["full"]["ok"] and r["light"]["ok"]]
+    summary = {
+        "sources": len(rows), "light_ok": sum(r["light"]["ok"] for r in rows),
+        "full_ok": sum(r["full"]["ok"] for r in rows),
+        "median_full_s": statistics.median(r["full"]["s"] for r in both) if both else None,
+        "median_light_s": statistics.median(r["light"]["s"] for r in both) if both else None,
+        "median_ratio": statistics.median(r["full"]["s"] / r["light"]["s"] for r in both) if both else None,
+        # what a build costs with the first try and its fallback, against torch's header alone
+        "total_full_s": round(sum(r["full"]["s"] for r in rows), 1),
+        "total_judge_s": round(sum(r["light"]["s"] + (0 if r["light"]["ok"] else r["full"]["s"]) for r in rows), 1),
+    }
+    for kind in ("full", "light"):
+        phases: dict[str, float] = {}
+        for r in both:
+            for k, v in r[kind]["phases_s"].items():
+                phases[k] = phases.get(k, 0.0) + v
+        summary[f"{kind}_phases_s"] = {k: round(v, 1) for k, v in sorted(phases.items(), key=lambda kv: -kv[1])}
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
