@@ -106,6 +106,21 @@ def compile_once(folder: Path, line: list[str], light_dir: Path | None) -> dict:
             "error": error}
 
 
+def _cuda_sources(call: dict) -> list[str]:
+    """A load_inline call's CUDA sources as a list of strings (one string or a list of them)."""
+    srcs = call["cuda_sources"]
+    return [srcs] if isinstance(srcs, str) else [s for s in srcs or [] if isinstance(s, str)]
+
+
+def cuda_file(text: str) -> str:
+    """load_inline's cuda.cu for these CUDA sources, exactly as the judge writes it."""
+    from cuda_agent.judge.build import inline_spec
+
+    spec = inline_spec(name="header_cost", cpp_sources=[], cuda_sources=[text], functions=None, cflags=[],
+                       cuda_cflags=[], ldflags=[], with_cuda=True)
+    return dict(spec.sources)["cuda.cu"]
+
+
 def corpus_sources(corpus: Path, sample: int, seed: int) -> list[tuple[str, str]]:
     """(label, joined CUDA sources) of `sample` corpus solutions whose CUDA sources include torch/extension.h."""
     from fidelity import corpus_root, load_inline_calls
@@ -118,8 +133,7 @@ def corpus_sources(corpus: Path, sample: int, seed: int) -> list[tuple[str, str]
         except SyntaxError:
             continue
         for call in calls:
-            srcs = call["cuda_sources"]
-            srcs = [srcs] if isinstance(srcs, str) else [s for s in srcs or [] if isinstance(s, str)]
+            srcs = _cuda_sources(call)
             if srcs and any("torch/extension.h" in s for s in srcs):
                 found.append((f"l{rec.get('level')}_p{rec.get('problem_id')}_{rec.get('model', i)}", "\n".join(srcs)))
                 break
@@ -137,8 +151,7 @@ def file_sources(paths: list[Path]) -> list[tuple[str, str]]:
             out.append((p.name, text))
             continue
         for call in load_inline_calls(ast.parse(text)):
-            srcs = call["cuda_sources"]
-            srcs = [srcs] if isinstance(srcs, str) else [s for s in srcs or [] if isinstance(s, str)]
+            srcs = _cuda_sources(call)
             if srcs:
                 out.append((p.name, "\n".join(srcs)))
     return out
@@ -172,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         (light / "torch" / "extension.h").write_text(LIGHT_EXTENSION_H)
         line = nvcc_line(folder, args.arch)
         for label, text in sources:
-            # load_inline's layout of cuda.cu, as build.inline_spec writes it
-            (folder / "cuda.cu").write_text("\n".join(
-                ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>", text]))
+            (folder / "cuda.cu").write_text(cuda_file(text))
             full = compile_once(folder, line, None)
             lite = compile_once(folder, line, light)
             rows.append({"source": label, "full": full, "light": lite})
