@@ -60,7 +60,7 @@ def nvcc_line(folder: Path, arch: str) -> list[str]:
 
     import torch.utils.cpp_extension as ce
 
-    from cuda_agent.judge.buildjob import _accepted, _common_kwargs
+    from cuda_agent.judge.buildjob import ninja_vars
 
     if ce.CUDA_HOME is None:   # a CPU build of torch: nvcc is still where CUDA_HOME or PATH says
         nvcc = subprocess.run(["which", "nvcc"], capture_output=True, text=True).stdout.strip()
@@ -70,14 +70,7 @@ def nvcc_line(folder: Path, arch: str) -> list[str]:
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     job = {"name": "header_cost", "sources": [str(folder / "cuda.cu")], "cflags": ["-O3"], "cuda_cflags": ["-O3"],
            "ldflags": [], "include": [str(folder)], "build_directory": str(folder), "with_cuda": True}
-    ninja = folder / "probe.ninja"
-    kwargs = _common_kwargs(job) | {"path": str(ninja)}
-    ce._write_ninja_file_to_build_library(**_accepted(ce._write_ninja_file_to_build_library, kwargs))
-    var = {}
-    for line in ninja.read_text().splitlines():
-        key, sep, value = line.partition(" = ")
-        if sep:
-            var[key] = value
+    var = ninja_vars(ce, job)
     return shlex.split(var["nvcc"]) + shlex.split(var["cuda_cflags"]) + shlex.split(var.get("cuda_post_cflags", ""))
 
 

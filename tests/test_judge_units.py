@@ -31,6 +31,20 @@ def test_compare_accepts_exact_and_rejects_wrong_values():
     assert not res.ok and "outside atol" in res.message
 
 
+def test_compare_margin_is_the_worst_elementwise_share_of_the_tolerance():
+    """`margin=True`: how close a pass came to failing elementwise, |got - ref| / (atol + rtol |ref|)
+    at its worst, in nested outputs too; not measured by default (the judge's calls) nor on a fail."""
+    x = torch.ones(1000)
+    near = x.clone()
+    near[7] = 1.018  # 0.9 of atol + rtol |ref| = 0.02 (relative L2 error 5.7e-4, within 1e-3)
+    assert compare_outputs([x], [near], **TOL).elementwise_ratio is None
+    res = compare_outputs([x, (x, x)], [x, (x, near)], **TOL, margin=True)
+    assert res.ok and res.elementwise_ratio == pytest.approx(0.9, rel=1e-5)
+    assert compare_outputs([x], [x.clone()], **TOL, margin=True).elementwise_ratio == 0.0
+    near[7] = 1.021
+    assert compare_outputs([x], [near], **TOL, margin=True).elementwise_ratio is None
+
+
 def test_compare_structure_dtype_shape():
     x = torch.randn(8)
     assert "expected 1 output" in compare_outputs([x], [x, x], **TOL).message

@@ -112,6 +112,8 @@ def _two_input_task(body: str, shape: str) -> str:
 @pytest.mark.parametrize("body, shape, why", [
     # a jump at an integer of a computed value, about one set in a hundred
     ("torch.frac((x + y) * 3.0)", "BATCH, 16", "an op that jumps at a boundary"),
+    # angle of a real value: 0 or pi by its sign (the audit's `sum_angle` task)
+    ("torch.angle(torch.sin((x + y) * 9.42477796))", "BATCH, 16", "an op that jumps at a boundary"),
     # heavy tails: a near-singular matrix, a near-cancelling difference, now and then
     ("torch.inverse(x + y)", "1, 3, 3", "a near miss"),
     ("1.0 / (x - y)", "1, 4", "a near miss"),

@@ -30,6 +30,20 @@ def _accepted(fn, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+def ninja_vars(ce, job: dict) -> dict[str, str]:
+    """The variables (compiler, flags) of the ninja file torch's extension builder writes for this
+    job, read from a probe file written next to it (nothing is compiled)."""
+    ninja = Path(job["build_directory"]) / "probe.ninja"
+    kwargs = _common_kwargs(job) | {"path": str(ninja)}
+    ce._write_ninja_file_to_build_library(**_accepted(ce._write_ninja_file_to_build_library, kwargs))
+    var = {}
+    for line in ninja.read_text().splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep:
+            var[key] = value
+    return var
+
+
 def make_pch(ce, job: dict) -> int:
     """Precompile a judge-owned header (the binding registry, load_inline's prelude) with exactly
     the compile line torch writes for the extension's C++ files (read from a probe ninja file), so
@@ -38,14 +52,7 @@ def make_pch(ce, job: dict) -> int:
     header = Path(job["header"])
     probe = out / "probe.cpp"
     probe.write_text(f'#include "{header.name}"\n')
-    ninja = out / "probe.ninja"
-    kwargs = _common_kwargs(job) | {"path": str(ninja), "sources": [str(probe)]}
-    ce._write_ninja_file_to_build_library(**_accepted(ce._write_ninja_file_to_build_library, kwargs))
-    var = {}
-    for line in ninja.read_text().splitlines():
-        key, sep, value = line.partition(" = ")
-        if sep and key in ("cxx", "cflags", "post_cflags"):
-            var[key] = value
+    var = ninja_vars(ce, job | {"sources": [str(probe)]})
     def compile_to(dest: Path, *args: str, unnamed: bool = False) -> subprocess.CompletedProcess:
         # unnamed: without the extension's name. gcc refuses a precompiled header for a file compiled
         # with a macro of another value, and accepts it where the macro was undefined when it was

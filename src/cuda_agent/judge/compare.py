@@ -20,6 +20,8 @@ class Comparison:
     later_bounds: tuple[float | None, ...] = ()  # per output: bound against the reference for unchecked calls
     noise_dominated: tuple[int, ...] = ()   # outputs whose reference is rounding noise (NOISE_DOMINATED)
     over_ceiling: tuple[int, ...] = ()      # outputs whose reference's own error exceeds the ceiling
+    # with `margin=True` and a pass: the worst |out - ref| / (atol + rtol |ref|) (above 1 fails)
+    elementwise_ratio: float | None = None
 
 
 # The reference's own relative L2 error against float64 at which its values are rounding noise: the
@@ -69,7 +71,8 @@ def _float64_twin(expected64: list | None, i: int, e: torch.Tensor) -> torch.Ten
 
 def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rtol: float,
                     max_rel_l2: dict[str, float], expected64: list | None = None, noise_multiple: float = 0.0,
-                    rel_l2_ceiling: float = 1e-2, rel_l2_bounds: list | tuple | None = None) -> Comparison:
+                    rel_l2_ceiling: float = 1e-2, rel_l2_bounds: list | tuple | None = None,
+                    margin: bool = False) -> Comparison:
     """Structure, dtype, shape, NaN/Inf placement, elementwise tolerance and normwise error.
 
     Normwise error, per floating output, one of three ways:
@@ -82,6 +85,9 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
     - otherwise the fixed `max_rel_l2` of its dtype, error against the reference.
     An output whose float32 reference is itself NOISE_DOMINATED has no normwise check (listed in
     `noise_dominated`); the elementwise tolerance alone decides it.
+
+    `margin`: also measure how close the elementwise check came to failing (`elementwise_ratio`;
+    one more pass over each output, so not on the judge's own calls).
     """
     if len(expected) != len(got):
         return Comparison(False, f"expected {len(expected)} output(s), got {len(got)}")
@@ -93,10 +99,11 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
     later: list[float | None] = [None] * len(expected)
     noise_only: list[int] = []
     over: list[int] = []
+    ratio_ew = 0.0 if margin else None
 
     def result(ok: bool, message: str = "") -> Comparison:
         return Comparison(ok, message, worst_abs, worst_rel, worst64, worst_noise, applied, tuple(later),
-                          tuple(noise_only), tuple(over))
+                          tuple(noise_only), tuple(over), ratio_ew if ok else None)
 
     for i, (e, g) in enumerate(zip(expected, got)):
         where = f"output {i}" if len(expected) > 1 else "output"
@@ -108,8 +115,10 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
                 return result(False, f"{where}: expected a {type(e).__name__} of {len(e)}, got {type(g).__name__}")
             # (the fixed per-dtype bound inside containers: the float64 twin covers top-level tensors)
             inner = compare_outputs(list(e) if seq else list(e.values()), list(g) if seq else list(g.values()),
-                                    atol=atol, rtol=rtol, max_rel_l2=max_rel_l2)
+                                    atol=atol, rtol=rtol, max_rel_l2=max_rel_l2, margin=margin)
             worst_abs, worst_rel = max(worst_abs, inner.max_abs_err), max(worst_rel, inner.rel_l2_err)
+            if margin and inner.elementwise_ratio is not None:
+                ratio_ew = max(ratio_ew, inner.elementwise_ratio)
             if not inner.ok:
                 return result(False, f"{where} -> {inner.message}")
             continue
@@ -150,7 +159,10 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
             continue
         diff = (ef - gf).abs_()
         max_abs = float(diff.max())
-        bad = diff > ef.abs().mul_(rtol).add_(atol)
+        tol = ef.abs().mul_(rtol).add_(atol)
+        bad = diff > tol
+        if not margin:
+            del tol  # an output-sized buffer: freed before more are made
         ref_norm = float(torch.linalg.vector_norm(ef))
         rel = float(torch.linalg.vector_norm(diff)) / max(ref_norm, 1e-30)
         if ref_norm == 0.0:
@@ -162,6 +174,8 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
             return result(False, f"{where}: {n} of {ef.numel()} values outside atol={atol:g}, rtol={rtol:g} "
                                  f"(max abs error {max_abs:.3g}; first at flat index {idx}: "
                                  f"expected {float(ef[idx]):.6g}, got {float(gf[idx]):.6g})")
+        if margin:
+            ratio_ew = max(ratio_ew, float(diff.div_(tol).max()))  # diff is not needed after this
         dtype = _dtype_name(e)
         floor = max_rel_l2.get(dtype)
         if floor is None:
