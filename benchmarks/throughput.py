@@ -26,6 +26,11 @@ Each candidate is its own workspace (its own build folder), as the rollouts of a
 load_inline candidates of one task share an extension name, and the builder spreads them over up
 to eight build folders of that name.
 
+With `--built-ahead` every candidate is compiled into the judge's cache (all cores, one compiler
+process per build) before the clock starts: the figure is then what the judge side alone sustains,
+as on a GPU machine whose compiles run elsewhere (Ray's compile workers on CPU nodes), and the
+build time per candidate in core-seconds says how many CPU cores that takes.
+
 Step latency (`--agents K --steps M`): K agents share the judge, each judging M steps one after
 another as an agent's environment does (submit, wait for the verdict, submit the next). Each step
 is a new source in the agent's own workspace (`--warm`: the same source every step, its build cached).
@@ -73,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--judges-per-gpu", type=int, default=1,
                    help="cuda: judge workers per GPU, taking turns for the timed calls (default 1)")
     p.add_argument("--compile-workers", type=int, help="compile workers (default: the pool's default)")
+    p.add_argument("--built-ahead", action="store_true",
+                   help="build every candidate into the judge's cache before the clock starts (all cores), so "
+                        "the figure is the judge side's alone: a GPU whose compiles run on other machines")
     p.add_argument("--agents", type=int, default=0, help="step-latency mode: this many agents share the judge")
     p.add_argument("--steps", type=int, default=5, help="step-latency mode: steps per agent (default 5)")
     p.add_argument("--warm", action="store_true", help="step-latency mode: the same source every step")
@@ -88,6 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--n must be at least 1")
     if args.agents < 0 or args.steps < 1:
         p.error("--agents must be at least 0 and --steps at least 1")
+    if args.built_ahead and (args.judge_url or args.agents):
+        p.error("--built-ahead needs the in-process pool (not --judge-url) and the throughput mode (not --agents)")
     if args.judge_url and args.transport != "local":
         p.error("--judge-url and --transport ray exclude each other (start the service with --ray instead)")
     return args
@@ -245,6 +255,17 @@ def main(argv=None) -> int:
             if not work:
                 console.print("no task left to measure")
                 return 1
+            ahead_s = None
+            if args.built_ahead and not args.agents:
+                from cuda_agent.host import usable_cores
+                from cuda_agent.pool.prebuild import build_ahead
+
+                t_ahead = time.monotonic()
+                results = build_ahead([c for _, c in work], config, parallel=usable_cores(), jobs=1)
+                ahead_s = time.monotonic() - t_ahead
+                failed = sum(bool(r.failed) for r in results)
+                console.print(f"built {len(results)} candidates ahead in {ahead_s:.1f} s ({failed} failed), "
+                              f"{ahead_s * usable_cores() / max(len(results), 1):.1f} core-s each")
             before = pool.stats() if client is None else None
             t_start = time.monotonic()
             if args.agents:
@@ -313,7 +334,8 @@ def main(argv=None) -> int:
     compile_busy = (after.prebuild_s - before.prebuild_s) / (wall * n_compile) if after and n_compile else None
     unit = "GPU-hour" if args.device == "cuda" else "judge-worker-hour (CPU backend)"
 
-    table = Table(title=f"Throughput: {len(verdicts)} distinct L1 candidates in {wall:.1f} s")
+    table = Table(title=f"Throughput: {len(verdicts)} distinct L1 candidates in {wall:.1f} s"
+                        + (" (built before the clock)" if ahead_s is not None else ""))
     table.add_column("")
     table.add_column("value", justify="right")
     table.add_row(f"judged per {unit}", f"{per_hour:.0f}")
@@ -352,6 +374,7 @@ def main(argv=None) -> int:
         "judge_config": json.loads(config.model_dump_json(exclude={"cache_dir"})),
         "tasks": [t.name for t in tasks], "n": len(verdicts), "wall_s": wall, "judge_workers": n_judges,
         "compile_workers": n_compile, "judges_per_gpu": args.judges_per_gpu, "per_worker_hour": per_hour,
+        "built_ahead_s": ahead_s,
         "unit": unit,
         "correct": sum(v.correct for v in verdicts), "prebuilt_in_time": prebuilt,
         "judge_busy": judge_busy, "compile_busy": compile_busy, "mean_phase_s": phases, "mean_judge_s": judge_s,
