@@ -53,6 +53,7 @@ SLOW_TESTS = {
                       "test_many_clients_with_duplicates_lose_and_duplicate_no_verdict"},
     "test_prebuild.py": {"test_a_prebuilt_candidate_is_a_cache_hit_for_the_judge",
                          "test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate",
+                         "test_builds_fork_from_their_own_zygote_where_workers_start_fresh",
                          "test_workspace_builds_link_one_shared_binding_object",
                          "test_inline_builds_of_one_flag_set_share_a_precompiled_prelude"},
     "test_suite.py": {"test_cpu_solution_passes", "test_cuda_solution_passes", "test_bench_cli_runs_the_cpu_suite"},

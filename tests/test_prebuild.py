@@ -213,6 +213,23 @@ def test_a_workspace_is_built_in_the_judges_slot():
     assert plan_build(in_memory, "cpu", "strict").specs[0].slot == f"ws:{in_memory.hash}"
 
 
+def test_builds_fork_from_their_own_zygote_where_workers_start_fresh(tmp_path):
+    """`build_zygote` on while workers start as fresh interpreters (the CUDA backend's way, here on
+    the CPU): the builds come from a zygote of their own, kept between evaluations and closed with
+    the judge; the candidate builds, loads and passes as it does with one zygote for both."""
+    cfg = JudgeConfig(device="cpu", compile_mode="none", n_timed=3, use_zygote=False, build_zygote=True, spares=0,
+                      cache_dir=tmp_path / "cache")
+    silu = FIXTURES / "cpu" / "honest" / "silu_ws"
+    with Judge(cfg) as judge:
+        assert judge.supply.zygote() is None and judge._build_zygote is not judge.supply.zygote
+        verdict = judge.evaluate(load_task_file(FIXTURES / "tasks" / read_header(silu)["task"]),
+                                 Candidate.from_path(silu))
+        assert verdict.correct and verdict.build_cached is False, verdict.failure
+        pid = judge._build_zygote.pid
+        assert pid is not None and pid in judge.standby_pids()
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
 def test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(tmp_path):
     """The compile tool's path (`Judge.build`) and a compile worker's (`build_plan_ahead`)
     fill the cache with what `Judge.evaluate` then finds: real builds, a real evaluation."""

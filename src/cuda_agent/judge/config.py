@@ -152,6 +152,10 @@ class JudgeConfig(BaseModel):
     use_zygote: bool | None = Field(
         None, description="fork candidate processes from a process that has imported torch once (start in "
                           "milliseconds, not seconds); default: on for the cpu backend, off for cuda")
+    build_zygote: bool | None = Field(
+        None, description="fork build jobs from a process that has imported torch and its extension builder once "
+                          "(saves each build the interpreter's start, ~2 s); default: as use_zygote. Build jobs "
+                          "never initialise CUDA, so this can be on for cuda while workers start fresh")
     spares: int = Field(2, ge=0, le=8, description=(
         "cuda backend: worker processes started ahead of need (torch imported, GPU context and profiler "
         "ready, ~10 s each); each holds a GPU context while it waits. Back-to-back evaluations shorter "

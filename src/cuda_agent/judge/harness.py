@@ -59,7 +59,7 @@ from .reference import Reference, Setup, fresh_inputs, make_setup, reference_ops
 from .reference import expected64 as reference_expected64
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
-from .supply import WorkerSupply
+from .supply import WorkerSupply, ZygoteHolder
 from .tensorio import TransportError, pack, packed_end, snapshot, staged, unpack
 from .timing import RELEASE_WAIT_S, reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
@@ -132,8 +132,14 @@ class Judge:
         self.supply = WorkerSupply(config, self.uid, self.work_root)
         # Builds run under their own uid: cleaning up after a build kills every process of its uid,
         # which must never include the candidate process waiting for that build.
+        # One zygote where workers and builds both fork from one (the CPU backend's default), else
+        # the builds' own (JudgeConfig.build_zygote).
+        build_zygote = ZygoteHolder(config, builds=True)
+        self._build_zygote = self.supply.zygote if build_zygote.wanted == self.supply.zygote.wanted else build_zygote
+        if self._build_zygote is build_zygote:
+            build_zygote()  # started now (not waited for): its imports overlap the judge's own set-up
         self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
-                               uid=None if self.uid is None else host.build_uid(self.uid), zygote=self.supply.zygote,
+                               uid=None if self.uid is None else host.build_uid(self.uid), zygote=self._build_zygote,
                                cpus=config.spare_cpus, light_cuda_headers=config.light_cuda_headers)
         self.baseline_store = baseline_store or FileBaselineStore(config.cache_dir / "baselines")
         self.baselines = BaselineCache(self.baseline_store, persist=config.cache_baselines)
@@ -243,11 +249,15 @@ class Judge:
     def close(self) -> None:
         self._references.clear()
         self.supply.close()
+        self._build_zygote.close()
 
     def standby_pids(self) -> set[int]:
         """Processes this judge keeps between evaluations on purpose: its spare workers (which run no
-        candidate code until a task is sent to them) and its zygote."""
-        return self.supply.standby_pids()
+        candidate code until a task is sent to them) and its zygotes."""
+        pids = self.supply.standby_pids()
+        if self._build_zygote.pid is not None:
+            pids.add(self._build_zygote.pid)
+        return pids
 
     def sandbox_uids(self) -> set[int]:
         """Every uid this judge runs candidate processes under (empty when it cannot drop privileges)."""

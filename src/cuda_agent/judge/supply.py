@@ -31,9 +31,11 @@ class ZygoteHolder:
     again when it died. By default only on the CPU backend: a CUDA context cannot survive a fork,
     so on CUDA the spares start fresh interpreters instead."""
 
-    def __init__(self, config: JudgeConfig):
+    def __init__(self, config: JudgeConfig, builds: bool = False):
+        """`builds`: the zygote of build jobs, which `JudgeConfig.build_zygote` decides where set."""
         self.device = config.device
-        self.wanted = config.use_zygote if config.use_zygote is not None else config.device == "cpu"
+        choice = config.build_zygote if builds and config.build_zygote is not None else config.use_zygote
+        self.wanted = choice if choice is not None else config.device == "cpu"
         self._zygote: Zygote | None = None
 
     def __call__(self) -> Zygote | None:

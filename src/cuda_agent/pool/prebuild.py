@@ -64,6 +64,7 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
     import time
 
     from cuda_agent.judge.sandbox import work_root_dir
+    from cuda_agent.judge.supply import ZygoteHolder
 
     arch = build_arch(config.device, config.arch)
     parallel = max(1, min(parallel, len(candidates) or 1))
@@ -73,10 +74,11 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
     for index, cand in enumerate(candidates):
         todo.put((index, cand))
     results: list[AheadResult | None] = [None] * len(candidates)
+    zygote = ZygoteHolder(config, builds=True)  # one for every thread: its requests are serialised
 
     def run(k: int) -> None:
         builder = Builder(config.cache_dir, work_root_dir(), arch=arch, timeout_s=config.build_timeout_s,
-                          uid=base_uid + k, jobs=jobs, light_cuda_headers=config.light_cuda_headers)
+                          uid=base_uid + k, jobs=jobs, zygote=zygote, light_cuda_headers=config.light_cuda_headers)
         while True:
             try:
                 index, cand = todo.get_nowait()
@@ -92,8 +94,11 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
                 on_result(res)
 
     threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(parallel)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        zygote.close()
     return [r for r in results if r is not None]

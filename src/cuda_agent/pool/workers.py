@@ -127,7 +127,7 @@ class _CompileServer:
         self.config = spec.config
         self.work_root = work_root_dir()
         self.builders: dict = {}
-        self.zygote = ZygoteHolder(self.config)  # the judge's rule: by default on the CPU backend only
+        self.zygote = ZygoteHolder(self.config, builds=True)  # the judge's rule for build jobs
 
     def hello(self) -> Hello:
         return Hello(pid=os.getpid())
