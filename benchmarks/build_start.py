@@ -25,10 +25,9 @@ def run(zygote_on: bool, builds: int, device: str, cache: Path) -> list[float]:
     from cuda_agent.judge.sandbox import work_root_dir
     from cuda_agent.judge.supply import ZygoteHolder
 
-    cfg = JudgeConfig(device=device, build_zygote=zygote_on, cache_dir=cache)
+    cfg = JudgeConfig(device=device, build_zygote=zygote_on, cache_dir=cache, build_timeout_s=600)
     holder = ZygoteHolder(cfg, builds=True)
-    builder = Builder(cache, work_root_dir(), arch=build_arch(device, None), timeout_s=600, uid=None,
-                      zygote=holder)
+    builder = Builder.for_config(cfg, work_root_dir(), arch=build_arch(device, None), uid=None, zygote=holder)
     seconds = []
     try:
         for i in range(builds):

@@ -256,7 +256,7 @@ def main(argv=None) -> int:
                 console.print("no task left to measure")
                 return 1
             ahead_s = None
-            if args.built_ahead and not args.agents:
+            if args.built_ahead:  # (not with --agents: parse_args refuses the pair)
                 from cuda_agent.host import usable_cores
                 from cuda_agent.pool.prebuild import build_ahead
 

@@ -279,6 +279,14 @@ class Builder:
         self._pch_failed: set[str] = set()
         self.light_cuda_headers = light_cuda_headers   # see LIGHT_EXTENSION_H
 
+    @classmethod
+    def for_config(cls, config, work_root: Path, *, arch: str | None, uid: int | None, jobs: int | None = None,
+                   zygote=None, cpus: list[int] | None = None) -> "Builder":
+        """A builder with a JudgeConfig's build settings (its cache, build limit and header choice):
+        the judge's own, a compile worker's and `build_ahead`'s build alike."""
+        return cls(config.cache_dir, work_root, arch=arch, timeout_s=config.build_timeout_s, uid=uid, jobs=jobs,
+                   zygote=zygote, cpus=cpus, light_cuda_headers=config.light_cuda_headers)
+
     def lookup(self, spec: BuildSpec) -> Path | None:
         lib = self.lib_dir / spec.key(self.fingerprint) / f"{spec.name}.so"
         return lib if lib.exists() else None

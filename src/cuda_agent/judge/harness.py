@@ -138,9 +138,9 @@ class Judge:
         self._build_zygote = self.supply.zygote if build_zygote.wanted == self.supply.zygote.wanted else build_zygote
         if self._build_zygote is build_zygote:
             build_zygote()  # started now (not waited for): its imports overlap the judge's own set-up
-        self.builder = Builder(config.cache_dir, self.work_root, arch=arch, timeout_s=config.build_timeout_s,
-                               uid=None if self.uid is None else host.build_uid(self.uid), zygote=self._build_zygote,
-                               cpus=config.spare_cpus, light_cuda_headers=config.light_cuda_headers)
+        self.builder = Builder.for_config(config, self.work_root, arch=arch,
+                                          uid=None if self.uid is None else host.build_uid(self.uid),
+                                          zygote=self._build_zygote, cpus=config.spare_cpus)
         self.baseline_store = baseline_store or FileBaselineStore(config.cache_dir / "baselines")
         self.baselines = BaselineCache(self.baseline_store, persist=config.cache_baselines)
         self._integrity = _package_files()

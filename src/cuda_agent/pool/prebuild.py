@@ -77,8 +77,7 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
     zygote = ZygoteHolder(config, builds=True)  # one for every thread: its requests are serialised
 
     def run(k: int) -> None:
-        builder = Builder(config.cache_dir, work_root_dir(), arch=arch, timeout_s=config.build_timeout_s,
-                          uid=base_uid + k, jobs=jobs, zygote=zygote, light_cuda_headers=config.light_cuda_headers)
+        builder = Builder.for_config(config, work_root_dir(), arch=arch, uid=base_uid + k, jobs=jobs, zygote=zygote)
         while True:
             try:
                 index, cand = todo.get_nowait()

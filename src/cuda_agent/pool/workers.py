@@ -136,10 +136,9 @@ class _CompileServer:
         from cuda_agent.judge.build import Builder
 
         if arch not in self.builders:
-            self.builders[arch] = Builder(self.config.cache_dir, self.work_root, arch=arch,
-                                          timeout_s=self.config.build_timeout_s, uid=self.spec.build_uid,
-                                          jobs=self.spec.build_jobs, zygote=self.zygote,
-                                          light_cuda_headers=self.config.light_cuda_headers)
+            self.builders[arch] = Builder.for_config(self.config, self.work_root, arch=arch,
+                                                     uid=self.spec.build_uid, jobs=self.spec.build_jobs,
+                                                     zygote=self.zygote)
         return self.builders[arch]
 
     def handle(self, request: CompileRequest) -> PrebuildReport:
