@@ -1,7 +1,8 @@
 """What `#include <torch/extension.h>` costs nvcc in a load_inline CUDA file, and what the judge's
 light stand-in (`JudgeConfig.light_cuda_headers`, `build.LIGHT_EXTENSION_H`) saves.
 
-Each CUDA source is laid out as the judge lays out load_inline's `cuda.cu` (`build.inline_spec`)
+Each CUDA source is laid out as the judge lays out load_inline's `cuda.cu` (`build.inline_spec`;
+a solution's load_inline calls are read by the judge's own build plan, `buildplan.plan_build`)
 and compiled to an object only (no link, no GPU needed: a machine with nvcc and torch's headers
 will do) with the nvcc line torch's extension builder writes for it, twice: as it is, and with the
 stand-in ahead of torch's header (the judge's first try). Reported per file: the seconds of each
@@ -22,7 +23,6 @@ stretches both figures alike).
 from __future__ import annotations
 
 import argparse
-import ast
 import csv
 import json
 import random
@@ -99,12 +99,6 @@ def compile_once(folder: Path, line: list[str], light_dir: Path | None) -> dict:
             "error": error}
 
 
-def _cuda_sources(call: dict) -> list[str]:
-    """A load_inline call's CUDA sources as a list of strings (one string or a list of them)."""
-    srcs = call["cuda_sources"]
-    return [srcs] if isinstance(srcs, str) else [s for s in srcs or [] if isinstance(s, str)]
-
-
 def cuda_file(text: str) -> str:
     """load_inline's cuda.cu for these CUDA sources, exactly as the judge writes it."""
     from cuda_agent.judge.build import inline_spec
@@ -114,39 +108,39 @@ def cuda_file(text: str) -> str:
     return dict(spec.sources)["cuda.cu"]
 
 
+def judge_cuda_files(code: str) -> list[str]:
+    """The cuda.cu of each load_inline call the judge would build for this solution, as the judge
+    reads the calls (`plan_build`: literal arguments only, lenient policy) and lays the file out."""
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge.buildplan import plan_build
+
+    plan = plan_build(Candidate.from_source(code), "cuda", "lenient")
+    return [text for spec in plan.specs for rel, text in spec.sources if rel == "cuda.cu"]
+
+
 def corpus_sources(corpus: Path, sample: int, seed: int) -> list[tuple[str, str]]:
-    """(label, joined CUDA sources) of `sample` corpus solutions whose CUDA sources include torch/extension.h."""
-    from fidelity import corpus_root, load_inline_calls
+    """(label, cuda.cu) of `sample` corpus solutions whose CUDA sources include torch/extension.h."""
+    from fidelity import corpus_root
 
     root = corpus_root(corpus)
     found = []
     for i, rec in enumerate(json.loads((root / "raw_data.json").read_text())):
-        try:
-            calls = load_inline_calls(ast.parse(rec.get("code", "")))
-        except SyntaxError:
-            continue
-        for call in calls:
-            srcs = _cuda_sources(call)
-            if srcs and any("torch/extension.h" in s for s in srcs):
-                found.append((f"l{rec.get('level')}_p{rec.get('problem_id')}_{rec.get('model', i)}", "\n".join(srcs)))
-                break
+        text = next((t for t in judge_cuda_files(rec.get("code", "")) if "torch/extension.h" in t), None)
+        if text is not None:
+            found.append((f"l{rec.get('level')}_p{rec.get('problem_id')}_{rec.get('model', i)}", text))
     random.Random(seed).shuffle(found)
     return found[:sample]
 
 
 def file_sources(paths: list[Path]) -> list[tuple[str, str]]:
-    from fidelity import load_inline_calls
-
+    """(label, cuda.cu) of each .cu file given and of each load_inline call of each solution given."""
     out = []
     for p in paths:
         text = p.read_text()
-        if p.suffix != ".py":
-            out.append((p.name, text))
-            continue
-        for call in load_inline_calls(ast.parse(text)):
-            srcs = _cuda_sources(call)
-            if srcs:
-                out.append((p.name, "\n".join(srcs)))
+        if p.suffix == ".py":
+            out += [(p.name, cu) for cu in judge_cuda_files(text)]
+        else:
+            out.append((p.name, cuda_file(text)))
     return out
 
 
@@ -166,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.corpus:
         sources += corpus_sources(args.corpus, args.sample, args.seed)
     if not args.files and not args.corpus:
-        sources = [("sample_relu.cu", SAMPLE_KERNEL)]
+        sources = [("sample_relu.cu", cuda_file(SAMPLE_KERNEL))]
     if not sources:
         print("no CUDA sources found", file=sys.stderr)
         return 2
@@ -178,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         (light / "torch" / "extension.h").write_text(LIGHT_EXTENSION_H)
         line = nvcc_line(folder, args.arch)
         for label, text in sources:
-            (folder / "cuda.cu").write_text(cuda_file(text))
+            (folder / "cuda.cu").write_text(text)
             full = compile_once(folder, line, None)
             lite = compile_once(folder, line, light)
             rows.append({"source": label, "full": full, "light": lite})
