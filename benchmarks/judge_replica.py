@@ -28,7 +28,15 @@ the rest of a worker's set-up (a spare's profiler warm-up and dispatch-mode warm
 judge's `prepare`: a block of the output's size filled with 0xFF and freed, so the output lands in it;
 `poison_so_judged`). `--conditions` runs some of them only.
 
+`--beside-judge`: is the slowdown a state of the GPU while a judge lives, or of the processes the
+judge starts? The `bare` condition in this script's own worker, then the real judge evaluates
+timing_check's 1 GB workspace candidate (its runtime and its kernels' CUDA activity time), then,
+with that judge still alive and idle, `bare` again in the same worker and in a second plain
+worker started now (its memory allocated while the judge holds its own), again after the judge's
+process drops its cached GPU memory, and once more after the judge is closed.
+
     python benchmarks/judge_replica.py [--mb 1024] [--runs 15] [--judge-build] [--out FILE]
+    python benchmarks/judge_replica.py --beside-judge [--conditions bare] [--out FILE]
 """
 
 from __future__ import annotations
@@ -135,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also the kernel as the judge builds it, then with the judge's observer in the worker")
     p.add_argument("--conditions", nargs="+", choices=CONDITIONS + BUILT, metavar="CONDITION",
                    help="only these (default: all; the built ones need --judge-build)")
+    p.add_argument("--beside-judge", action="store_true",
+                   help="then `bare` again beside a live judge that has just judged the same kernel (see above)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
@@ -151,17 +161,39 @@ def main(argv: list[str] | None = None) -> int:
     out_region = buf.tensor[nbytes:].view(torch.float32)
     region.copy_(torch.randn(nbytes // 4, device="cuda"))
     torch.cuda.synchronize()
-    mine, theirs = socket.socketpair()
-    worker = WORKER.replace("# __EW_PROBE__\n", EW_PROBE)
-    child = subprocess.Popen([sys.executable, "-c", worker, str(theirs.fileno()), buf.handle.hex(), str(nbytes)],
-                             pass_fds=(theirs.fileno(),))
-    theirs.close()
-    f = mine.makefile("rw")
+    source = WORKER.replace("# __EW_PROBE__\n", EW_PROBE)
 
-    def ask(msg: dict) -> dict:
+    def start_worker():
+        mine, theirs = socket.socketpair()
+        child = subprocess.Popen([sys.executable, "-c", source, str(theirs.fileno()), buf.handle.hex(), str(nbytes)],
+                                 pass_fds=(theirs.fileno(),))
+        theirs.close()
+        return child, mine.makefile("rw")
+
+    def stop_worker(child, f) -> None:
+        try:
+            f.write(json.dumps({"op": "exit"}) + "\n")
+            f.flush()
+        except OSError:
+            pass
+        child.wait(timeout=60)
+
+    child, f = start_worker()
+
+    def ask(msg: dict, f=f) -> dict:
         f.write(json.dumps(msg) + "\n")
         f.flush()
         return json.loads(f.readline())
+
+    def bare(label: str, f=f) -> dict:
+        """The `bare` condition: the worker's own flush, the same inputs every call."""
+        times = []
+        for _ in range(args.runs + 3):
+            ask({"op": "prepare"}, f)
+            times.append(ask({"op": "call"}, f)["ms"])
+        row = {"condition": label, "ms": statistics.median(times[3:]), "min_ms": min(times[3:])}
+        print(f"{label:34s} {row['ms']:.4f} ms (min {row['min_ms']:.4f})", flush=True)
+        return row
 
     library = observer = None
     if args.judge_build:
@@ -214,18 +246,52 @@ def main(argv: list[str] | None = None) -> int:
             row = {"condition": cond, "ms": statistics.median(times[3:]), "min_ms": min(times[3:])}
             rows.append(row)
             print(f"{cond:16s} {row['ms']:.4f} ms (min {row['min_ms']:.4f})", flush=True)
+        if args.beside_judge:
+            rows += beside_judge(args, bare, start_worker, stop_worker)
     finally:
-        try:
-            f.write(json.dumps({"op": "exit"}) + "\n")
-            f.flush()
-        except OSError:
-            pass
-        child.wait(timeout=60)
+        stop_worker(child, f)
         buf.close()
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "mb": args.mb, "rows": rows},
                                        indent=1))
     return 0
+
+
+def beside_judge(args, bare, start_worker, stop_worker) -> list[dict]:
+    """`--beside-judge`: `bare` before, beside and after a live judge (see the module's text)."""
+    import tempfile
+
+    import torch
+
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import Judge, JudgeConfig
+    from cuda_agent.tasks import load_task_file
+    from timing_check import ew_task, markers
+
+    tmp = Path(tempfile.mkdtemp(prefix="replica-judge-"))
+    task_file = tmp / "task_ew.py"
+    task_file.write_text(ew_task((args.mb << 20) // 4))
+    ws = workspace(tmp, "ew")
+    rows = [bare("before the judge")]
+    second = None
+    with Judge(JudgeConfig(device="cuda", compile_mode="none")) as judge:
+        v = judge.evaluate(load_task_file(task_file), Candidate.from_path(ws))
+        row = {"condition": "the judge's verdict", "ms": v.runtime.median_ms if v.runtime else None,
+               "min_ms": v.runtime.min_ms if v.runtime else None, "correct": v.correct, **markers(v.calls),
+               "failure": v.failure.message[:300] if v.failure else None}
+        print(f"{row['condition']:34s} {row['ms']} ms (min {row['min_ms']}) kernel_ms={row['kernel_ms']} "
+              f"stream_ms={row['stream_ms']} correct={v.correct} {row['failure'] or ''}", flush=True)
+        rows.append(row)
+        rows.append(bare("beside the live judge"))
+        second = start_worker()
+        rows.append(bare("a worker started beside the judge", f=second[1]))
+        torch.cuda.empty_cache()  # this process's: the judge's references and checks
+        rows.append(bare("after the judge's process freed its cache"))
+        rows.append(bare("(second worker)", f=second[1]))
+    rows.append(bare("after the judge closed"))
+    rows.append(bare("(second worker) after the judge closed", f=second[1]))
+    stop_worker(*second)
+    return rows
 
 
 if __name__ == "__main__":
