@@ -26,7 +26,11 @@ operator observer installed in the worker (`observer_so_bare`, `observer_so_judg
 the rest of a worker's set-up (a spare's profiler warm-up and dispatch-mode warm-up, true fp32:
 `setup_so_bare`, `setup_so_judged`), then also the allocator's poisoned block before each call (the
 judge's `prepare`: a block of the output's size filled with 0xFF and freed, so the output lands in it;
-`poison_so_judged`). `--conditions` runs some of them only.
+`poison_so_judged`), then also the judge's data plane in the worker (a host mapping of the
+calls' size whose last page is registered with CUDA, the gate built on it as the worker builds it:
+`control_so_bare`, `control_so_judged`). `frees`: `bare`, and before each call this script's own
+process allocates, writes and frees (`empty_cache`) 4 GB of GPU memory, as a judge that drops its
+cache would. `--conditions` runs some of them only.
 
 `--beside-judge`: is the slowdown a state of the GPU while a judge lives, or of the processes the
 judge starts? The `bare` condition in this script's own worker, then the real judge evaluates
@@ -52,12 +56,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing_check import EW_PROBE, workspace  # noqa: E402  (timing_check's kernel and workspace)
 
-CONDITIONS = ("bare", "judge_writes", "worker_writes", "out_alive", "packed", "judged", "judged_profiled")
+CONDITIONS = ("bare", "judge_writes", "worker_writes", "out_alive", "packed", "judged", "judged_profiled", "frees")
 BUILT = ("so_bare", "so_judged", "observer_so_bare", "observer_so_judged", "setup_so_bare", "setup_so_judged",
-         "poison_so_judged")
+         "poison_so_judged", "control_so_bare", "control_so_judged")
 # what each prefix of a built condition has loaded in the worker, in order: the judge's build, its
 # operator observer, a worker's set-up
-LAYERS = {"so_": 1, "observer_": 2, "setup_": 3, "poison_": 3}
+LAYERS = {"so_": 1, "observer_": 2, "setup_": 3, "poison_": 3, "control_": 4}
 
 WORKER = r"""
 import json, socket, sys, torch
@@ -96,6 +100,10 @@ for line in f:
             from cuda_agent.host import true_fp32
             from cuda_agent.judge.worker import _warm_profiler, warm_dispatch
             _warm_profiler(torch); warm_dispatch(torch); true_fp32(torch)
+        if msg.get("control"):
+            from cuda_agent.judge.protocol import DataPlane
+            plane = DataPlane.create(nbytes, nbytes)
+            timer = CallTimer("cuda", control_address=plane.control_address())
         f.write("{}\n"); f.flush()
         continue
     if msg["op"] == "prepare":
@@ -216,12 +224,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.conditions and cond not in args.conditions:
                 continue
             layer = next((n for prefix, n in LAYERS.items() if cond.startswith(prefix)), 0)
-            for step, what in ((1, {"library": library}), (2, {"observer": observer}), (3, {"setup": True})):
+            for step, what in ((1, {"library": library}), (2, {"observer": observer}), (3, {"setup": True}),
+                               (4, {"control": True})):
                 if loaded < step <= layer:
                     ask({"op": "load", **what})
                     loaded = step
-            base = cond.removeprefix("poison_").removeprefix("setup_").removeprefix("observer_").removeprefix("so_")
-            writes = base not in ("bare", "worker_writes")
+            base = cond.removeprefix("control_").removeprefix("poison_").removeprefix("setup_").removeprefix("observer_").removeprefix("so_")
+            writes = base not in ("bare", "worker_writes", "frees")
             flags = {"out_alive": base in ("out_alive", "packed", "judged", "judged_profiled"),
                      "pack": base in ("packed", "judged", "judged_profiled"),
                      "profiled": base == "judged_profiled", "so": layer > 0}
@@ -233,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
                 if judged:
                     expected = fresh * 2.0 + 1.0
                     _ = fresh.double() * 2.0 + 1.0  # the float64 reference of the checked calls
+                if cond == "frees":
+                    churn = torch.ones((4 << 30) // 4, device="cuda")
+                    del churn
+                    torch.cuda.empty_cache()
                 torch.cuda.synchronize()
                 ask({"op": "prepare", "worker_writes": cond == "worker_writes", "poison": cond.startswith("poison_")})
                 if writes:
