@@ -295,47 +295,75 @@ def markers(calls) -> dict:
 
 
 class GpuClocks:
-    """The GPU's SM clock and power while a block runs, sampled by `nvidia-smi` every 50 ms: a
-    long compute-bound kernel timed back to back can run at lower clocks (power or heat) than
-    the same kernel replayed once under Nsight Compute. Nothing is sampled without nvidia-smi."""
+    """The GPU's SM clock, power and used memory while a block runs, sampled by `nvidia-smi` every
+    50 ms: a long compute-bound kernel timed back to back can run at lower clocks (power or heat)
+    than the same kernel replayed once under Nsight Compute. The used memory (every process's) is
+    kept with the time of each sample: GPU memory that any process frees slows a memory-bound
+    kernel in another for a while after (`judge_replica.py --conditions frees`), so
+    `memory_changes` says whether any process allocated or freed during a window of the block,
+    e.g. the judge's calls. Nothing is sampled without nvidia-smi."""
 
-    FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu")
+    FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "memory.used")
 
     def __enter__(self) -> "GpuClocks":
-        self.samples: list[list[float]] = []
+        import threading
+
+        self.samples: list[tuple[float, list[float]]] = []  # (seconds since the start, values)
         exe = shutil.which("nvidia-smi")
         gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        self.t0 = time.monotonic()
+        self.t_end: float | None = None
         self.proc = subprocess.Popen(
             [exe, f"--query-gpu={','.join(self.FIELDS)}", "--format=csv,noheader,nounits", "-lms", "50", "-i", gpu],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) if exe else None
+        # read as the samples come, so each has its time
+        self._reader = threading.Thread(target=self._read, daemon=True) if self.proc else None
+        if self._reader:
+            self._reader.start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            out, _ = self.proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-        for line in out.splitlines():
+    def _read(self) -> None:
+        for line in self.proc.stdout:
             try:
                 values = [float(x) for x in line.split(",")]
             except ValueError:
                 continue  # "[N/A]" and the like
             if len(values) == len(self.FIELDS):
-                self.samples.append(values)
+                self.samples.append((time.monotonic() - self.t0, values))
+
+    def __exit__(self, *exc) -> None:
+        self.t_end = time.monotonic() - self.t0
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=5)
+
+    def memory_changes(self, last_s: float, min_mib: float = 64.0) -> list[list[float]]:
+        """[seconds before the block's end, used MiB] at each change of at least `min_mib` in the
+        block's last `last_s` seconds (the first sample of the window included)."""
+        if not self.samples or self.t_end is None:
+            return []
+        window = [(t, v[4]) for t, v in self.samples if t >= self.t_end - last_s]
+        out: list[list[float]] = []
+        for t, mib in window:
+            if not out or abs(mib - out[-1][1]) >= min_mib:
+                out.append([round(self.t_end - t, 3), mib])
+        return out
 
     def summary(self) -> dict | None:
         if not self.samples:
             return None
         import statistics
 
-        col = list(zip(*self.samples))
+        col = list(zip(*(v for _, v in self.samples)))
         return {"samples": len(self.samples), "sm_mhz_median": statistics.median(col[0]), "sm_mhz_min": min(col[0]),
                 "mem_mhz_median": statistics.median(col[1]), "power_w_max": max(col[2]),
-                "temp_c_max": max(col[3])}
+                "temp_c_max": max(col[3]), "used_mib_min": min(col[4]), "used_mib_max": max(col[4])}
 
 
 def ncu_ms(lib: Path | None, model_new: Path, task_file: Path, calls: int = 5) -> float | None:
@@ -438,11 +466,14 @@ def main() -> int:
                                  "runtime_ms": v.runtime.median_ms if v.runtime else None,
                                  "min_ms": v.runtime.min_ms if v.runtime else None,
                                  "source": v.runtime.source if v.runtime else None, "gpu": clocks.summary(),
+                                 # any process's GPU memory allocated or freed while the calls ran
+                                 "calls_memory": clocks.memory_changes(v.phase_s.get("calls") or 0.0),
                                  **markers(v.calls),
                                  "notes": v.notes, "failure": v.failure.message[:300] if v.failure else None,
                                  "eager_ms": v.eager_ms}
                     print(f"{cond:10s} {label:9s} {row[cond]['runtime_ms']} ms ({row[cond]['source']}) "
                           f"eager={v.eager_ms} correct={v.correct} markers={markers(v.calls)} gpu={clocks.summary()} "
+                          f"calls_memory={row[cond]['calls_memory']} "
                           f"{'; '.join(v.notes)[:200]}", flush=True)
                     if cond == "alone" and not args.no_ncu:
                         lib = None
