@@ -620,62 +620,6 @@ def first_line(text: str, kind: str = "") -> str:
 # ---------------------------------------------------------------------------------------------
 # Static pre-screen (no device)
 
-def _module_strings(tree) -> dict[str, object]:
-    """Module-level names bound to literals (the sources and flag lists load_inline is given)."""
-    import ast
-
-    values = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                values[node.targets[0].id] = ast.literal_eval(node.value)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                continue
-    return values
-
-
-def _literal(node, names: dict) -> object:
-    import ast
-
-    if isinstance(node, ast.Name):
-        return names.get(node.id)
-    if isinstance(node, (ast.List, ast.Tuple)):
-        items = [_literal(x, names) for x in node.elts]
-        return None if any(x is None for x in items) else items
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None
-
-
-def load_inline_calls(tree) -> list[dict]:
-    """The arguments of every load_inline call of a parsed module that are literals (or module-level
-    names bound to literals): name, cpp_sources, cuda_sources and functions (None where not a
-    literal), `flags` (the extra_*flags, as one list) and `include_paths` (extra_include_paths)."""
-    import ast
-
-    names = _module_strings(tree)
-    calls = []
-    for call in ast.walk(tree):
-        if not (isinstance(call, ast.Call) and ast.unparse(call.func).rpartition(".")[2] == "load_inline"):
-            continue
-        args = {kw.arg: kw.value for kw in call.keywords if kw.arg}
-        for i, key in enumerate(("name", "cpp_sources", "cuda_sources", "functions")):
-            if i < len(call.args):
-                args.setdefault(key, call.args[i])
-        found = {key: _literal(args[key], names) if key in args else None
-                 for key in ("cpp_sources", "cuda_sources", "functions")}
-        found["name"] = _literal(args["name"], names) if "name" in args else "ext"
-        flags = []
-        for key in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
-            value = _literal(args[key], names) if key in args else None
-            flags += [value] if isinstance(value, str) else [str(x) for x in value or []]
-        found["flags"] = flags
-        found["include_paths"] = _literal(args["extra_include_paths"], names) if "extra_include_paths" in args else []
-        calls.append(found)
-    return calls
-
-
 def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
     """What the judge would refuse before running anything, as (failure category, message) in the
     judge's own words: the Python policy, the compiler flags and the C++ policy of every load_inline
@@ -685,22 +629,31 @@ def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
 
     from cuda_agent.judge import policy as pol
     from cuda_agent.judge.build import check_flags
+    from cuda_agent.judge.buildplan import static_load_inline_calls
+    from cuda_agent.judge.worker import load_inline_request
+
+    def strings(value) -> list[str]:
+        return [value] if isinstance(value, str) else [str(x) for x in value or []]
 
     try:
         tree = ast.parse(code)
     except SyntaxError as exc:
         return [("load", f"model_new: syntax error at line {exc.lineno}: {exc.msg}")]
     found = [("policy", v) for v in pol.check_python(code, policy)]
-    for call in load_inline_calls(tree):
-        if call["include_paths"] != []:
-            found.append(("load", "RuntimeError: extra_include_paths is not supported by the judge"))
-        bad = check_flags(call["flags"])
+    # the judge's own reader of load_inline calls (the compile workers' plan): calls whose
+    # arguments it cannot read statically are checked by the judge when they run, not here
+    for _, args in static_load_inline_calls(tree, []):
+        try:
+            request = load_inline_request(*args.args, **args.kwargs)
+        except RuntimeError as exc:  # what the worker's stand-in raises (extra_include_paths)
+            found.append(("load", f"RuntimeError: {exc}"))
+            continue
+        bad = check_flags(strings(request["cflags"]) + strings(request["cuda_cflags"]) + strings(request["ldflags"]))
         if bad:
             found.append(("compile", f"compiler/linker flags not allowed: {' '.join(bad)}"))
         for key, file in (("cpp_sources", "main.cpp"), ("cuda_sources", "cuda.cu")):
-            value = call[key]
-            for src in [value] if isinstance(value, str) else [x for x in value or [] if isinstance(x, str)]:
-                found += [("policy", v) for v in pol.check_cpp(src, f"{call['name']}/{file}", policy)]
+            for src in strings(request[key]):
+                found += [("policy", v) for v in pol.check_cpp(src, f"{request['name']}/{file}", policy)]
     return found
 
 

@@ -151,7 +151,7 @@ def plan_build(candidate: Candidate, device: str, policy: str) -> BuildPlan:
         except BuildError as exc:
             plan.load_error = str(exc)
         return plan
-    for line, args in _static_load_inline_calls(tree, plan.skipped):
+    for line, args in static_load_inline_calls(tree, plan.skipped):
         try:
             spec = spec_from_request(json.loads(json.dumps(load_inline_request(*args.args, **args.kwargs))))
         except (BuildError, RuntimeError, TypeError, ValueError) as exc:
@@ -258,9 +258,11 @@ class _Unresolved(Exception):
 _STAND_IN = inspect.signature(load_inline_request)
 
 
-def _static_load_inline_calls(tree: ast.Module, skipped: list[str]):
-    """(line, bound arguments) of each `load_inline(...)` call whose arguments are literals; the
-    others are described in `skipped`."""
+def static_load_inline_calls(tree: ast.Module, skipped: list[str]):
+    """(line, bound arguments) of each `load_inline(...)` call whose arguments are literals (or
+    module-level names bound to literals); the others are described in `skipped`. The one reader of
+    load_inline calls without running the module: the compile workers' plan, and the benchmarks'
+    static checks of published solutions."""
     names = _module_constants(tree)
     for call in ast.walk(tree):
         if not (isinstance(call, ast.Call) and _is_load_inline(call.func)):
