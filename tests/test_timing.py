@@ -76,18 +76,26 @@ def test_gpu_clocks_are_sampled_from_nvidia_smi_while_a_block_runs(tmp_path, mon
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     fake = tmp_path / "nvidia-smi"  # what `--format=csv,noheader,nounits -lms 50` prints, then waits
-    fake.write_text("#!/bin/sh\necho '1980, 2619, 450.50, 60'\necho '[N/A], 2619, [N/A], 61'\n"
-                    "echo '1755, 2619, 690.10, 71'\necho '1800, 2619, 700.00, 72'\nexec sleep 30\n")
+    fake.write_text("#!/bin/sh\necho '1980, 2619, 450.50, 60, 5000'\necho '[N/A], 2619, [N/A], 61, 5000'\n"
+                    "echo '1755, 2619, 690.10, 71, 5010'\nsleep 1\necho '1800, 2619, 700.00, 72, 9100'\n"
+                    "exec sleep 30\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     with mod.GpuClocks() as clocks:
-        time.sleep(0.5)
+        time.sleep(2.0)
     assert clocks.summary() == {"samples": 3, "sm_mhz_median": 1800.0, "sm_mhz_min": 1755.0,
-                                "mem_mhz_median": 2619.0, "power_w_max": 700.0, "temp_c_max": 72.0}
+                                "mem_mhz_median": 2619.0, "power_w_max": 700.0, "temp_c_max": 72.0,
+                                "used_mib_min": 5000.0, "used_mib_max": 9100.0}
+    # the whole block: the first sample, then the 4 GB allocated about 1 s later (a 10 MiB step is
+    # below the threshold); the block's last 1.5 s: only the sample in that window
+    whole = clocks.memory_changes(10.0)
+    assert [mib for _, mib in whole] == [5000.0, 9100.0]
+    assert whole[0][0] > whole[1][0] >= 0.0  # seconds before the block's end
+    assert [mib for _, mib in clocks.memory_changes(1.5)] == [9100.0]
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     with mod.GpuClocks() as nothing:
         pass
-    assert nothing.summary() is None
+    assert nothing.summary() is None and nothing.memory_changes(1.0) == []
 
 
 def test_timing_check_counts_calls_timed_past_their_end_marker():
