@@ -540,6 +540,10 @@ RULES: tuple[Rule, ...] = (
     Rule("input-mutation", "policy_difference", ("mismatch",),
          "the judge refuses in-place changes to inputs; KernelBench does not check them",
          pattern=r"modified input \d+ in place"),
+    Rule("lower-precision", "policy_difference", ("mismatch",),
+         "lower-precision arithmetic (fp16, bf16 or TF32 operands or outputs) within KernelBench's 1e-2: the "
+         "judge's precision probe found the output's response to a small change of the inputs lost in rounding",
+         pattern=r"lower precision than the task(, not an approximation| on the calls after)"),
     Rule("approximation", "policy_difference", ("mismatch",),
          "an approximate computation: over 1000x the reference's own float32 rounding error, within "
          "KernelBench's 1e-2 tolerance; the judge's float32 bound refuses lower precision than the task",

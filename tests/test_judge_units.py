@@ -12,7 +12,10 @@ import torch
 
 from cuda_agent.judge import policy
 from cuda_agent.judge.build import BuildError, check_flags, inline_spec, trim_compiler_output
-from cuda_agent.judge.compare import compare_outputs, degenerate_warnings, rel_l2_bound
+from cuda_agent.judge.compare import (APPROX_SLACK, PROBE_DELTA, compare_outputs, degenerate_warnings,
+                                      rel_l2_bound, response_error)
+from cuda_agent.judge.config import JudgeConfig
+from cuda_agent.judge.reference import perturbed
 from cuda_agent.judge.protocol import MAX_MESSAGE_BYTES, Channel, ProtocolError
 from cuda_agent.judge.tensorio import TransportError, pack, unpack
 from cuda_agent.judge.timing import reconcile, summarize
@@ -102,6 +105,62 @@ def test_rel_l2_bound_arithmetic():
     assert rel_l2_bound(float("inf"), **kw) == 1e-4
     assert rel_l2_bound(2e-5, floor=1e-4, multiple=0.0, ceiling=1e-2) == 1e-4
     assert rel_l2_bound(1e-2, floor=2e-2, multiple=16.0, ceiling=1e-2) == pytest.approx(3e-2)  # cap: floor + noise
+
+
+def _gelu_pair(scale: float = 1.0):
+    """An input set, its float32 and float64 GELU (erf), and the tanh approximation in float32."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 256, generator=g) * scale
+    exact32 = torch.nn.functional.gelu(x)
+    exact64 = torch.nn.functional.gelu(x.double())
+    approx = torch.nn.functional.gelu(x, approximate="tanh")
+    return x, exact32, exact64, approx
+
+
+def test_an_approximation_within_approx_ceiling_is_listed_for_the_probe_not_failed():
+    x, exact32, exact64, approx = _gelu_pair()
+    kw = dict(atol=1e-2, rtol=1e-2, max_rel_l2={"float32": 1e-4}, expected64=[exact64], noise_multiple=16.0)
+    off = compare_outputs([exact32], [approx], **kw)
+    assert not off.ok and "exceeds the bound" in off.message          # no allowance: refused as before
+    on = compare_outputs([exact32], [approx], approx_ceiling=5e-4, **kw)
+    err = on.rel_l2_err_f64
+    assert on.ok and on.approximate == (0,) and 1e-4 < err < 5e-4
+    # the later calls carry 1.25x the error (plus the reference's own), not the bound it exceeded
+    assert on.later_bounds[0] == pytest.approx(APPROX_SLACK * err + on.ref_noise_rel_l2)
+    assert compare_outputs([exact32], [exact32], approx_ceiling=5e-4, **kw).approximate == ()
+    far = compare_outputs([exact32], [approx], approx_ceiling=1.5e-4, **kw)
+    assert not far.ok and far.approximate == ()                          # over the ceiling: refused
+
+
+def test_the_response_error_tells_an_approximation_from_rounding():
+    x, exact32, exact64, approx = _gelu_pair()
+    x2 = perturbed([x], seed=7, delta=PROBE_DELTA)[0]
+    f = torch.nn.functional.gelu
+    e64 = (exact64, f(x2.double()))
+    assert response_error(exact32, f(x2), *e64) < 1e-3                   # float32 follows float64
+    assert response_error(approx, f(x2, approximate="tanh"), *e64) < 1e-2  # so does the approximation
+    half = (exact32.half().float(), f(x2).half().float())                # outputs rounded to float16
+    assert response_error(*half, *e64) > 4e-2
+    z = torch.zeros(3)
+    assert response_error(z, z, z, z) == 0.0 and response_error(z, z + 1, z, z) == math.inf
+
+
+def test_perturbed_moves_every_floating_tensor_by_delta_and_nothing_else():
+    x = torch.randn(100)
+    ins = [x, [torch.ones(4, dtype=torch.float64), 3], {"k": torch.arange(5)}, (None, "s")]
+    out = perturbed(ins, seed=1, delta=2.0 ** -8)
+    up, down = out[0] == x * (1 + 2.0 ** -8), out[0] == x * (1 - 2.0 ** -8)
+    assert bool((up | down).all()) and bool(up.any()) and bool(down.any())
+    assert out[1][1] == 3 and out[1][0].dtype == torch.float64 and not torch.equal(out[1][0], ins[1][0])
+    assert torch.equal(out[2]["k"], ins[2]["k"]) and out[3] == (None, "s")
+    assert torch.equal(perturbed(ins, seed=1, delta=2.0 ** -8)[0], out[0])  # the seed decides
+
+
+def test_the_approximation_allowance_is_on_for_cpu_and_off_for_cuda_by_default():
+    assert JudgeConfig(device="cpu").approx_ceiling() == 5e-4
+    assert JudgeConfig(device="cuda").approx_ceiling() == 0.0
+    assert JudgeConfig(device="cuda", approx_rel_l2=5e-4).approx_ceiling() == 5e-4
+    assert JudgeConfig(device="cpu", approx_rel_l2=0).approx_ceiling() == 0.0
 
 
 def _tanh_chain(x, weights, mm):

@@ -48,14 +48,15 @@ from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, Basel
 from .build import Builder, build_arch
 from .buildplan import BuildOutcome, BuildPlan
 from .builds import CandidateBuilds
-from .compare import NOISE_DOMINATED, changed_input, compare_outputs, degenerate_warnings
+from .compare import (NOISE_DOMINATED, PROBE_DELTA, PROBE_FLOOR, changed_input, compare_outputs, degenerate_warnings,
+                      response_error)
 from .sol import task_speed_of_light
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .devlock import DeviceLock
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
 from .protocol import CallReply, Channel, DataPlane, InitRequest, Ready
-from .reference import Reference, Setup, fresh_inputs, make_setup, reference_ops, to_list
+from .reference import Reference, Setup, fresh_inputs, make_setup, perturbed, reference_ops, to_list
 from .reference import expected64 as reference_expected64
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
@@ -375,11 +376,11 @@ class Judge:
 
         A fresh process (warm-up calls again), started after the null model of that protocol was
         measured with no candidate process alive; the bounds the checked calls set carry over."""
-        bounds = session.rel_l2_bounds
+        bounds, paired = session.rel_l2_bounds, session.paired
         session.close()
         judge_null = self._baseline(task, ref, "null", ev, judge_release=True)
         fresh = self._start(task, cand.model_new, library, setup, ev, deadline, judge_release=True)
-        fresh.rel_l2_bounds = bounds
+        fresh.rel_l2_bounds, fresh.paired = bounds, paired
         if not fresh.judge_release:  # the new process could not take the judge's release after all
             return fresh, null
         ev.verdict.notes.append("the judge's clock disagreed with the first round's claims, so the second round "
@@ -497,6 +498,11 @@ class Judge:
         # work, the candidate's side of each call, the judge's checks, and the wait for a device
         # that other judges share (their timed calls, or theirs waiting for this one's).
         split = dict.fromkeys(("reference", "candidate", "check", "device_wait"), 0.0)
+        # The precision probe (JudgeConfig.approx_rel_l2): a checked call whose output is over its
+        # bound only as far as an approximation may be is repeated on perturbed inputs ("probe",
+        # inserted into `roles`); once that passed, warm-up and timed calls come in such pairs.
+        probe_base: dict | None = None
+        pair_first: dict | None = None
         for i, role in enumerate(roles, start=first_index):
             if self._device_lock is not None:
                 held.close()  # the last call's hold; then this one's, alone for a timed call
@@ -505,13 +511,17 @@ class Judge:
                 split["device_wait"] += time.perf_counter() - t_wait
             t_ref = time.perf_counter()
             seed = secrets.randbits(63)
-            inputs = fresh_inputs(ref, seed, i, dev)
+            checked = role in ("check", "probe")
+            base = probe_base if role == "probe" else \
+                pair_first if judged and session.paired and role in ("warmup", "timed") else None
+            inputs = perturbed(base["inputs"], seed, PROBE_DELTA) if base is not None else fresh_inputs(ref, seed, i, dev)
             expected = expected64 = None
             if judged:
                 with torch.no_grad():
                     expected = to_list(setup.ref_model(*inputs))
                 if role == "check":
                     expected_checks.append([e.detach() if isinstance(e, torch.Tensor) else e for e in expected])
+                if checked:
                     expected64 = reference_expected64(setup, inputs, cfg)
             if dev == "cuda":
                 torch.cuda.synchronize()
@@ -551,7 +561,7 @@ class Judge:
             # The kernels a call launches are listed on the checked calls: CUDA's activity tracing adds
             # ~20 us of GPU time per kernel on an H200, which would be timed with the kernel. The
             # operators it runs are observed on every call (observer.cpp), at no such cost.
-            chan.send({"op": "call", "index": i, "inputs": meta, "kernels": role == "check", "release": release})
+            chan.send({"op": "call", "index": i, "inputs": meta, "kernels": checked, "release": release})
             limit_s = cfg.build_timeout_s if i - first_index < compiling_calls else cfg.call_timeout_s
             until = min(deadline, time.monotonic() + limit_s)
             answered = None
@@ -573,7 +583,7 @@ class Judge:
             split["candidate"] += t_reply - t_prepare
             if not reply.get("ok"):
                 ev.reported_error(reply)
-            if dev == "cuda" and role == "check":
+            if dev == "cuda" and checked:
                 # the kernels the call launched follow its reply, outside the call's clock (worker.py)
                 listed = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
                 if not listed.get("ok"):
@@ -585,8 +595,21 @@ class Judge:
             claimed = _num(reply.get("inside_ms"))
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
-                self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, ev, deadline,
-                                 expected64=expected64)
+                got, cmp = self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, ev,
+                                            deadline, expected64=expected64)
+                if role == "check" and cmp.approximate:
+                    roles.insert(i - first_index + 1, "probe")  # the next call repeats this one, perturbed
+                    probe_base = {"inputs": inputs, "got": got, "expected": expected, "expected64": expected64,
+                                  "cmp": cmp}
+                elif role == "probe":
+                    self._probe(session, i, probe_base, got, expected, expected64, ev)
+                    probe_base = None
+                elif session.paired and role in ("warmup", "timed"):
+                    if base is None:
+                        pair_first = {"inputs": inputs, "got": got, "expected": expected}
+                    else:
+                        self._check_pair(session, i, role, base, got, expected)
+                        pair_first = None
                 split["check"] += time.perf_counter() - t_reply
             if role == "timed" and claimed is not None:
                 inside.append(claimed)
@@ -649,8 +672,9 @@ class Judge:
         cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2,
                               expected64=expected64, noise_multiple=cfg.ref_noise_multiple,
                               rel_l2_ceiling=cfg.max_rel_l2_ceiling,
-                              rel_l2_bounds=None if role == "check" else session.rel_l2_bounds)
-        if role == "check":
+                              rel_l2_bounds=None if role in ("check", "probe") else session.rel_l2_bounds,
+                              approx_ceiling=cfg.approx_ceiling() if role in ("check", "probe") else 0.0)
+        if role in ("check", "probe"):
             # Later calls (no float64 reference) keep the widest bound the checked calls found.
             old = session.rel_l2_bounds or [None] * len(cmp.later_bounds)
             session.rel_l2_bounds = [b if a is None else a if b is None else max(a, b)
@@ -688,6 +712,12 @@ class Judge:
                                   rel_l2_bound=cmp.rel_l2_bound, ok=cmp.ok))
         if not cmp.ok:
             raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}): {cmp.message}")
+        if cmp.approximate and role == "check" and not session.paired:
+            # an approximation or lower precision: the precision probe (the next call) decides
+            err = cmp.rel_l2_err_f64
+            v.notes.append(f"call {i}: output(s) {', '.join(map(str, cmp.approximate))} over the noise-scaled bound "
+                           f"(error {err:.3g} against float64, bound {cmp.rel_l2_bound:.3g}) but within "
+                           f"approx_rel_l2 {cfg.approx_ceiling():g}: repeated on inputs moved by 2^-8 (precision probe)")
         v.n_checked += 1
         # Every call's inputs come back (after its clock stopped) and are compared with what was sent:
         # read in place where the process got views of them (the shared GPU region; the host plane
@@ -712,6 +742,51 @@ class Judge:
         if found:
             v.policy_violations.extend(found)
             raise _Stop(FC.POLICY, found[0])
+        return got, cmp
+
+    def _probe(self, session: Session, i: int, base: dict, got: list, expected: list, expected64: list | None,
+               ev: Evaluation) -> None:
+        """The precision probe: call `i` repeated the checked call `base` on its inputs perturbed by
+        PROBE_DELTA. For each output over its bound there, the candidate's change of output must agree
+        with float64's as closely as float32 arithmetic allows (an approximation follows the change;
+        rounding to fewer bits loses it). Passed: later warm-up and timed calls come in such pairs,
+        each pair checked against the float32 reference's change (`session.paired`)."""
+        cfg = self.config
+        cmp = base["cmp"]
+        paired = dict(session.paired or {})
+        for k in cmp.approximate:
+            if expected64 is None or base["expected64"] is None:
+                raise _Stop(FC.MISMATCH, f"call {i} (precision probe): no float64 reference to check output {k} "
+                                         f"against, so its error over the bound stands")
+            e = response_error(base["got"][k], got[k], base["expected64"][k], expected64[k])
+            noise = response_error(base["expected"][k], expected[k], base["expected64"][k], expected64[k])
+            bound = max(PROBE_FLOOR, cfg.ref_noise_multiple * noise)
+            if not e <= bound:
+                raise _Stop(FC.MISMATCH, f"call {i} (precision probe): output {k}: with the inputs moved by 2^-8, its "
+                                         f"change differs from float64's by {e:.3g} (relative L2; bound {bound:.3g} = "
+                                         f"max({PROBE_FLOOR:g}, {cfg.ref_noise_multiple:g} x {noise:.3g}), the float32 "
+                                         f"reference's own): lower precision than the task, not an approximation "
+                                         f"(its error against float64 was {cmp.rel_l2_err_f64:.3g}, over the bound "
+                                         f"{cmp.rel_l2_bound:.3g})")
+            # the pairs are checked against the float32 reference's change, itself `noise` from float64's
+            if k not in paired:
+                ev.verdict.notes.append(
+                    f"output {k}: an approximation at float32 resolution (precision probe: change {e:.3g} from "
+                    f"float64's, bound {bound:.3g}); warm-up and timed calls then came in perturbed pairs")
+            paired[k] = max(paired.get(k, 0.0), bound + noise)
+        session.paired = paired
+
+    @staticmethod
+    def _check_pair(session: Session, i: int, role: str, first: dict, got: list, expected: list) -> None:
+        """The second call of a warm-up or timed pair (after the precision probe passed): its change
+        from the first must follow the float32 reference's as the probe's did."""
+        for k, bound in (session.paired or {}).items():
+            e = response_error(first["got"][k], got[k], first["expected"][k], expected[k])
+            if not e <= bound:
+                raise _Stop(FC.MISMATCH, f"call {i} ({role}): output {k}: with the last call's inputs moved by 2^-8, "
+                                         f"its change differs from the reference's by {e:.3g} (relative L2; bound "
+                                         f"{bound:.3g}, from the precision probe): lower precision than the task on "
+                                         f"the calls after the checked ones")
 
     def _baseline(self, task: Task, ref: Reference, mode: str, ev: Evaluation,
                   judge_release: bool | None = None) -> _Baseline:

@@ -148,3 +148,26 @@ def fresh_inputs(ref: Reference, seed: int, index: int, device: str) -> list:
         inputs = [x * rng.uniform(0.25, 1.0) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                   for x in inputs]
     return inputs
+
+
+def perturbed(inputs: list, seed: int, delta: float) -> list:
+    """`inputs` with every floating tensor (nested ones too) moved by `delta` relative, each element
+    up or down at random (`seed`): the second half of a precision-probe pair (compare.PROBE_DELTA).
+    Other values are kept as they are."""
+    gen: dict[str, torch.Generator] = {}
+
+    def move(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            g = gen.get(str(x.device))
+            if g is None:
+                g = gen[str(x.device)] = torch.Generator(device=x.device)
+                g.manual_seed(seed)
+            signs = torch.randint(0, 2, x.shape, generator=g, device=x.device, dtype=torch.int8)
+            return x * (1.0 + delta * (2 * signs.to(x.dtype) - 1))
+        if isinstance(x, (list, tuple)):
+            return [move(v) for v in x] if isinstance(x, list) else tuple(move(v) for v in x)
+        if isinstance(x, dict):
+            return {k: move(v) for k, v in x.items()}
+        return x
+
+    return [move(x) for x in inputs]

@@ -44,6 +44,9 @@ class Session:
         # Per output: bound on the error against the reference for calls without a float64
         # reference, the largest found on the checked calls (None: the fixed per-dtype bound).
         self.rel_l2_bounds: list | None = None
+        # outputs the precision probe passed as approximations -> the bound of their warm-up and timed
+        # pairs (harness: JudgeConfig.approx_rel_l2)
+        self.paired: dict[int, float] | None = None
         self.reduced_isolation: list[str] = []  # what a judge that is not root cannot isolate
         self.trusted = trusted  # the reference or a baseline: no candidate policy applies to what it runs
 
