@@ -115,6 +115,8 @@ case "$stage" in
     # folder: only what it lacks is judged (the builds are redone). On an H200 a published
     # load_inline solution takes ~95 s to build with 14 builds at once, so 300 take about 35 minutes of device time (two or three calls).
     # benchmarks/fidelity_reviewed.json: the refusals classified by reading the solution's source.
+    # FID_ARGS="-c approx_rel_l2=5e-4": the precision probe on CUDA too (off there by default until the
+    # GPU tier has run it), which passes tanh-GELU approximations and refuses lower precision.
     timeout ${FID_TIMEOUT:-560} python3 benchmarks/fidelity.py --corpus .corpus --out "${FID_OUT:-.fidelity}" \
       --time-budget ${FID_BUDGET:-7} --explain benchmarks/fidelity_reviewed.json ${FID_ARGS:-} \
       > "$out/fidelity.log" 2>&1
