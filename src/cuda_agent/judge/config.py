@@ -75,8 +75,9 @@ class JudgeConfig(BaseModel):
         None, ge=0, description="relative L2 error against float64 up to which an output over the noise-scaled bound "
                                 "still passes if the candidate computes at the task's precision: an approximation "
                                 "(tanh GELU for erf GELU) rather than lower-precision arithmetic, which can err as "
-                                "much. The precision probe tells them apart: the checked call is repeated on inputs "
-                                "perturbed by 2^-8 relative, and the change of the output must agree with float64's "
+                                "much. The precision probe tells them apart: the checked call is repeated with its inputs "
+                                "and the parameters copied from Model moved by 2^-8 relative, and the change of the "
+                                "output must agree with float64's "
                                 "(fp16 or TF32 rounding leaves a change that small unresolved); then every warm-up "
                                 "and timed call comes in such a pair. None: 5e-4 on the cpu backend, 0 (off) on cuda "
                                 "until the GPU tier has run it; 0: off")

@@ -56,7 +56,8 @@ from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .devlock import DeviceLock
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
 from .protocol import CallReply, Channel, DataPlane, InitRequest, Ready
-from .reference import Reference, Setup, fresh_inputs, make_setup, perturbed, reference_ops, to_list
+from .reference import (Reference, Setup, fresh_inputs, make_setup, perturb_state, perturbed, reference_ops,
+                        to_list)
 from .reference import expected64 as reference_expected64
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
@@ -515,14 +516,24 @@ class Judge:
             base = probe_base if role == "probe" else \
                 pair_first if judged and session.paired and role in ("warmup", "timed") else None
             inputs = perturbed(base["inputs"], seed, PROBE_DELTA) if base is not None else fresh_inputs(ref, seed, i, dev)
+            # a probe moves the parameters the candidate copied from Model too, on both sides: rounded
+            # weights would otherwise pass as an approximation of a function linear in its inputs
+            moved_keys = list(session.ready.get("matched") or []) if role == "probe" else []
+            state_seed = secrets.randbits(31) if role == "probe" else None
             expected = expected64 = None
             if judged:
-                with torch.no_grad():
-                    expected = to_list(setup.ref_model(*inputs))
-                if role == "check":
-                    expected_checks.append([e.detach() if isinstance(e, torch.Tensor) else e for e in expected])
-                if checked:
-                    expected64 = reference_expected64(setup, inputs, cfg)
+                if state_seed is not None:
+                    perturb_state(setup, moved_keys, state_seed, PROBE_DELTA)
+                try:
+                    with torch.no_grad():
+                        expected = to_list(setup.ref_model(*inputs))
+                    if role == "check":
+                        expected_checks.append([e.detach() if isinstance(e, torch.Tensor) else e for e in expected])
+                    if checked:
+                        expected64 = reference_expected64(setup, inputs, cfg)
+                finally:
+                    if state_seed is not None:
+                        perturb_state(setup, moved_keys, None, 0.0)
             if dev == "cuda":
                 torch.cuda.synchronize()
             t_prepare = time.perf_counter()
@@ -532,6 +543,11 @@ class Judge:
                 # of the timed window (watcher threads, precomputation, starving the judge).
                 idle_wall += time.perf_counter() - idle_mark[0]
                 idle_cpu += (_cpu_ns(proc.pid) - idle_mark[1]) / 1e9
+            if state_seed is not None:  # untimed, and outside the idle CPU account (harness's own work)
+                chan.send({"op": "perturb", "seed": state_seed, "delta": PROBE_DELTA})
+                done = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+                if not done.get("ok"):
+                    ev.reported_error(done)
             t_ask = time.perf_counter()
             chan.send({"op": "prepare"})
             ready = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
@@ -602,6 +618,10 @@ class Judge:
                     probe_base = {"inputs": inputs, "got": got, "expected": expected, "expected64": expected64,
                                   "cmp": cmp}
                 elif role == "probe":
+                    chan.send({"op": "restore"})  # the parameters as they were, before any later call
+                    done = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+                    if not done.get("ok"):
+                        ev.reported_error(done)
                     self._probe(session, i, probe_base, got, expected, expected64, ev)
                     probe_base = None
                 elif session.paired and role in ("warmup", "timed"):
@@ -746,8 +766,9 @@ class Judge:
 
     def _probe(self, session: Session, i: int, base: dict, got: list, expected: list, expected64: list | None,
                ev: Evaluation) -> None:
-        """The precision probe: call `i` repeated the checked call `base` on its inputs perturbed by
-        PROBE_DELTA. For each output over its bound there, the candidate's change of output must agree
+        """The precision probe: call `i` repeated the checked call `base` with its inputs, and the
+        parameters the candidate process copied from Model (here and there), moved by PROBE_DELTA;
+        the parameters are back as they were. For each output over its bound there, the candidate's change of output must agree
         with float64's as closely as float32 arithmetic allows (an approximation follows the change;
         rounding to fewer bits loses it). Passed: later warm-up and timed calls come in such pairs,
         each pair checked against the float32 reference's change (`session.paired`)."""
@@ -758,11 +779,18 @@ class Judge:
             if expected64 is None or base["expected64"] is None:
                 raise _Stop(FC.MISMATCH, f"call {i} (precision probe): no float64 reference to check output {k} "
                                          f"against, so its error over the bound stands")
+            if torch.equal(base["expected64"][k], expected64[k]):
+                # no floating input reaches this output: the probe cannot show resolution, so the
+                # error over the bound stands
+                raise _Stop(FC.MISMATCH, f"call {i} (precision probe): output {k} does not change with the inputs and "
+                                         f"the parameters copied from Model moved by 2^-8, so the probe cannot tell an approximation from lower precision: "
+                                         f"its error against float64, {cmp.rel_l2_err_f64:.3g}, exceeds the bound "
+                                         f"{cmp.rel_l2_bound:.3g}")
             e = response_error(base["got"][k], got[k], base["expected64"][k], expected64[k])
             noise = response_error(base["expected"][k], expected[k], base["expected64"][k], expected64[k])
             bound = max(PROBE_FLOOR, cfg.ref_noise_multiple * noise)
             if not e <= bound:
-                raise _Stop(FC.MISMATCH, f"call {i} (precision probe): output {k}: with the inputs moved by 2^-8, its "
+                raise _Stop(FC.MISMATCH, f"call {i} (precision probe): output {k}: with the inputs and parameters moved by 2^-8, its "
                                          f"change differs from float64's by {e:.3g} (relative L2; bound {bound:.3g} = "
                                          f"max({PROBE_FLOOR:g}, {cfg.ref_noise_multiple:g} x {noise:.3g}), the float32 "
                                          f"reference's own): lower precision than the task, not an approximation "

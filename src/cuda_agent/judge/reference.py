@@ -19,7 +19,7 @@ from cuda_agent.tasks import Task
 
 from .config import JudgeConfig
 from .evaluation import JudgeError
-from .tensorio import nbytes_of
+from .tensorio import moved, nbytes_of
 
 
 class Reference:
@@ -98,7 +98,8 @@ def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) 
     ref_model = ref.Model(*init_args).to(config.device)
     items = list(ref_model.state_dict().items())
     state_names = [k for k, _ in items]
-    state_values = [t.detach().cpu() for _, t in items]
+    # copies, also on the CPU backend: the precision probe moves the model's own tensors and puts these back
+    state_values = [t.detach().to("cpu", copy=True) for _, t in items]
     probe_inputs = fresh_inputs(ref, secrets.randbits(63), 0, config.device)
     with torch.no_grad():
         probe = to_list(ref_model(*probe_inputs))
@@ -154,16 +155,12 @@ def perturbed(inputs: list, seed: int, delta: float) -> list:
     """`inputs` with every floating tensor (nested ones too) moved by `delta` relative, each element
     up or down at random (`seed`): the second half of a precision-probe pair (compare.PROBE_DELTA).
     Other values are kept as they are."""
-    gen: dict[str, torch.Generator] = {}
+    count = [0]
 
     def move(x):
         if isinstance(x, torch.Tensor) and x.is_floating_point():
-            g = gen.get(str(x.device))
-            if g is None:
-                g = gen[str(x.device)] = torch.Generator(device=x.device)
-                g.manual_seed(seed)
-            signs = torch.randint(0, 2, x.shape, generator=g, device=x.device, dtype=torch.int8)
-            return x * (1.0 + delta * (2 * signs.to(x.dtype) - 1))
+            count[0] += 1
+            return moved(x, seed + count[0], delta, x.device)
         if isinstance(x, (list, tuple)):
             return [move(v) for v in x] if isinstance(x, list) else tuple(move(v) for v in x)
         if isinstance(x, dict):
@@ -171,3 +168,21 @@ def perturbed(inputs: list, seed: int, delta: float) -> list:
         return x
 
     return [move(x) for x in inputs]
+
+
+def perturb_state(setup: Setup, keys: list[str], seed: int | None, delta: float) -> None:
+    """The reference's parameters and buffers named in `keys` (those the candidate process copied
+    from it) moved as the candidate process moves its copies for a precision probe (tensorio.moved,
+    signs drawn on the CPU from `seed` + the key's position), in the float32 model and its float64
+    copy; `seed` None puts the original values back."""
+    originals = dict(zip(setup.state_names, setup.state_values))
+    models = [m for m in (setup.ref_model, setup.ref64) if m is not None]
+    with torch.no_grad():
+        for m in models:
+            own = m.state_dict()
+            for n, key in enumerate(keys):
+                orig, target = originals.get(key), own.get(key)
+                if orig is None or target is None or not orig.is_floating_point():
+                    continue
+                value = orig if seed is None else moved(orig, seed + n, delta)
+                target.copy_(value.to(device=target.device, dtype=target.dtype))

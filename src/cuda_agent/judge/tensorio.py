@@ -182,6 +182,17 @@ def _map_tensors(fn, value):
     return value
 
 
+def moved(t: torch.Tensor, seed: int, delta: float, signs_on: str | torch.device = "cpu") -> torch.Tensor:
+    """`t` with each element moved by `delta` relative, up or down as a generator seeded with `seed`
+    draws on `signs_on` (the precision probe, compare.PROBE_DELTA). The same seed gives the same
+    moves in any process where the signs are drawn on the CPU (the judge and the candidate process
+    moving their copies of a parameter alike)."""
+    g = torch.Generator(device=signs_on)
+    g.manual_seed(seed)
+    signs = torch.randint(0, 2, tuple(t.shape), generator=g, device=signs_on, dtype=torch.int8).to(t.device)
+    return t * (1.0 + delta * (2 * signs.to(t.dtype) - 1))
+
+
 def leaves(value) -> list[torch.Tensor]:
     """Every tensor in `value`, through lists, tuples and dicts."""
     found: list[torch.Tensor] = []

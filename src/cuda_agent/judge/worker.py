@@ -228,7 +228,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
 
     from . import observer as obs
     from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
-    from .tensorio import leaves, pack, unpack
+    from .tensorio import leaves, moved, pack, unpack
     from .timing import GATE_KERNEL, CacheFlusher, CallTimer, touch_pages
 
     sock = socket.socket(fileno=sock_fd)
@@ -407,6 +407,26 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                     poisoned = None
             flusher.flush()
             chan.send({"ok": True})
+            continue
+        if op in ("perturb", "restore"):
+            # The precision probe (harness): the parameters and buffers copied from Model moved as the
+            # judge moves the reference's (signs from the seed and the key's position), or put back.
+            try:
+                seed = msg.get("seed") if op == "perturb" else None
+                own = model.state_dict()
+                with torch.no_grad():
+                    for n, key in enumerate(matched):
+                        orig, target = state.get(key), own.get(key)
+                        if orig is None or target is None or not orig.is_floating_point():
+                            continue
+                        value = orig if seed is None else moved(orig, int(seed) + n, float(msg["delta"]))
+                        target.copy_(value.to(device=target.device, dtype=target.dtype))
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                chan.send({"ok": True})
+            except BaseException as exc:
+                reply_error(ErrorCategory.RUNTIME, f"moving the parameters failed: {_trim_traceback(exc)}")
+                return 1
             continue
         if op == "echo":
             # after the call's clock stopped: the inputs as forward left them, for the judge to compare
