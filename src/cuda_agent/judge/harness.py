@@ -516,9 +516,10 @@ class Judge:
             base = probe_base if role == "probe" else \
                 pair_first if judged and session.paired and role in ("warmup", "timed") else None
             inputs = perturbed(base["inputs"], seed, PROBE_DELTA) if base is not None else fresh_inputs(ref, seed, i, dev)
-            # a probe moves the parameters the candidate copied from Model too, on both sides: rounded
-            # weights would otherwise pass as an approximation of a function linear in its inputs
-            moved_keys = list(session.ready.get("matched") or []) if role == "probe" else []
+            # a probe moves Model's parameters and buffers too, on both sides: rounded weights would
+            # otherwise pass as an approximation of a function linear in its inputs. All of them, not
+            # the ones the candidate process says it copied (a claim): a copy it does not move shows.
+            moved_keys = list(setup.state_names) if role == "probe" else []
             state_seed = secrets.randbits(31) if role == "probe" else None
             expected = expected64 = None
             if judged:

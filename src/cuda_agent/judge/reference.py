@@ -171,8 +171,8 @@ def perturbed(inputs: list, seed: int, delta: float) -> list:
 
 
 def perturb_state(setup: Setup, keys: list[str], seed: int | None, delta: float) -> None:
-    """The reference's parameters and buffers named in `keys` (those the candidate process copied
-    from it) moved as the candidate process moves its copies for a precision probe (tensorio.moved,
+    """The reference's parameters and buffers named in `keys` (Model's state, in its order) moved as
+    the candidate process moves the copies it made of them for a precision probe (tensorio.moved,
     signs drawn on the CPU from `seed` + the key's position), in the float32 model and its float64
     copy; `seed` None puts the original values back."""
     originals = dict(zip(setup.state_names, setup.state_values))

@@ -380,6 +380,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 else:
                     unmatched.append(key)
         model = model.to(device)
+        # the copied tensors as they are now (on the device), for the precision probe to move: kept
+        # here, so that no candidate code (a state_dict of its own) runs between calls
+        live = {key: value for key, value in model.state_dict().items() if key in matched}
         if device == "cuda":
             torch.cuda.synchronize()
     except BaseException as exc:
@@ -410,13 +413,13 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             continue
         if op in ("perturb", "restore"):
             # The precision probe (harness): the parameters and buffers copied from Model moved as the
-            # judge moves the reference's (signs from the seed and the key's position), or put back.
+            # judge moves the reference's (signs from the seed and the key's position in Model's
+            # state), or put back.
             try:
                 seed = msg.get("seed") if op == "perturb" else None
-                own = model.state_dict()
                 with torch.no_grad():
-                    for n, key in enumerate(matched):
-                        orig, target = state.get(key), own.get(key)
+                    for n, key in enumerate(init["state_names"]):  # the judge's order: the same signs
+                        orig, target = state.get(key), live.get(key)
                         if orig is None or target is None or not orig.is_floating_point():
                             continue
                         value = orig if seed is None else moved(orig, int(seed) + n, float(msg["delta"]))
