@@ -19,7 +19,7 @@ from cuda_agent.tasks import Task
 
 from .config import JudgeConfig
 from .evaluation import JudgeError
-from .tensorio import moved, nbytes_of
+from .tensorio import move_state, moved, nbytes_of
 
 
 class Reference:
@@ -176,13 +176,6 @@ def perturb_state(setup: Setup, keys: list[str], seed: int | None, delta: float)
     signs drawn on the CPU from `seed` + the key's position), in the float32 model and its float64
     copy; `seed` None puts the original values back."""
     originals = dict(zip(setup.state_names, setup.state_values))
-    models = [m for m in (setup.ref_model, setup.ref64) if m is not None]
-    with torch.no_grad():
-        for m in models:
-            own = m.state_dict()
-            for n, key in enumerate(keys):
-                orig, target = originals.get(key), own.get(key)
-                if orig is None or target is None or not orig.is_floating_point():
-                    continue
-                value = orig if seed is None else moved(orig, seed + n, delta)
-                target.copy_(value.to(device=target.device, dtype=target.dtype))
+    for m in (setup.ref_model, setup.ref64):
+        if m is not None:
+            move_state(m.state_dict(), originals, keys, seed, delta)

@@ -193,6 +193,20 @@ def moved(t: torch.Tensor, seed: int, delta: float, signs_on: str | torch.device
     return t * (1.0 + delta * (2 * signs.to(t.dtype) - 1))
 
 
+def move_state(targets: dict, originals: dict, keys: list[str], seed: int | None, delta: float) -> None:
+    """The precision probe's move of a model's state: each floating tensor of `targets` named in
+    `keys` set to its value in `originals` moved by `moved` (signs from `seed` + the key's position in
+    `keys`, drawn on the CPU, so the judge's reference and the candidate process's copies move alike),
+    or to that value itself when `seed` is None."""
+    with torch.no_grad():
+        for n, key in enumerate(keys):
+            orig, target = originals.get(key), targets.get(key)
+            if orig is None or target is None or not orig.is_floating_point():
+                continue
+            value = orig if seed is None else moved(orig, seed + n, delta)
+            target.copy_(value.to(device=target.device, dtype=target.dtype))
+
+
 def leaves(value) -> list[torch.Tensor]:
     """Every tensor in `value`, through lists, tuples and dicts."""
     found: list[torch.Tensor] = []

@@ -228,7 +228,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
 
     from . import observer as obs
     from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
-    from .tensorio import leaves, moved, pack, unpack
+    from .tensorio import leaves, move_state, pack, unpack
     from .timing import GATE_KERNEL, CacheFlusher, CallTimer, touch_pages
 
     sock = socket.socket(fileno=sock_fd)
@@ -416,14 +416,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # judge moves the reference's (signs from the seed and the key's position in Model's
             # state), or put back.
             try:
-                seed = msg.get("seed") if op == "perturb" else None
-                with torch.no_grad():
-                    for n, key in enumerate(init["state_names"]):  # the judge's order: the same signs
-                        orig, target = state.get(key), live.get(key)
-                        if orig is None or target is None or not orig.is_floating_point():
-                            continue
-                        value = orig if seed is None else moved(orig, int(seed) + n, float(msg["delta"]))
-                        target.copy_(value.to(device=target.device, dtype=target.dtype))
+                seed = int(msg["seed"]) if op == "perturb" else None
+                # in Model's order, as the judge moves the reference: the same signs
+                move_state(live, state, list(init["state_names"]), seed, float(msg.get("delta") or 0.0))
                 if device == "cuda":
                     torch.cuda.synchronize()
                 chan.send({"ok": True})
