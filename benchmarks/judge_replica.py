@@ -193,15 +193,19 @@ def main(argv: list[str] | None = None) -> int:
         f.flush()
         return json.loads(f.readline())
 
+    def row_of(label: str, times: list[float], width: int = 16) -> dict:
+        """A condition's median and minimum, the first 3 calls (warm-up) left out; printed as it ends."""
+        row = {"condition": label, "ms": statistics.median(times[3:]), "min_ms": min(times[3:])}
+        print(f"{label:{width}s} {row['ms']:.4f} ms (min {row['min_ms']:.4f})", flush=True)
+        return row
+
     def bare(label: str, f=f) -> dict:
         """The `bare` condition: the worker's own flush, the same inputs every call."""
         times = []
         for _ in range(args.runs + 3):
             ask({"op": "prepare"}, f)
             times.append(ask({"op": "call"}, f)["ms"])
-        row = {"condition": label, "ms": statistics.median(times[3:]), "min_ms": min(times[3:])}
-        print(f"{label:34s} {row['ms']:.4f} ms (min {row['min_ms']:.4f})", flush=True)
-        return row
+        return row_of(label, times, 34)
 
     library = observer = None
     if args.judge_build:
@@ -256,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 if judged:
                     assert torch.allclose(out_region, expected)
                 del fresh, expected
-            row = {"condition": cond, "ms": statistics.median(times[3:]), "min_ms": min(times[3:])}
-            rows.append(row)
-            print(f"{cond:16s} {row['ms']:.4f} ms (min {row['min_ms']:.4f})", flush=True)
+            rows.append(row_of(cond, times))
         if args.beside_judge:
             rows += beside_judge(args, bare, start_worker, stop_worker)
     finally:

@@ -15,9 +15,8 @@ from cuda_agent.judge.build import BuildError, check_flags, inline_spec, trim_co
 from cuda_agent.judge.compare import (APPROX_SLACK, PROBE_DELTA, compare_outputs, degenerate_warnings,
                                       rel_l2_bound, response_error)
 from cuda_agent.judge.config import JudgeConfig
-from cuda_agent.judge.reference import perturbed
 from cuda_agent.judge.protocol import MAX_MESSAGE_BYTES, Channel, ProtocolError
-from cuda_agent.judge.tensorio import TransportError, pack, unpack
+from cuda_agent.judge.tensorio import TransportError, pack, perturbed, unpack
 from cuda_agent.judge.timing import reconcile, summarize
 
 TOL = dict(atol=1e-2, rtol=1e-2, max_rel_l2={"float32": 1e-3})

@@ -56,13 +56,12 @@ from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .devlock import DeviceLock
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
 from .protocol import CallReply, Channel, DataPlane, InitRequest, Ready
-from .reference import (Reference, Setup, fresh_inputs, make_setup, perturb_state, perturbed, reference_ops,
-                        to_list)
+from .reference import Reference, Setup, fresh_inputs, make_setup, perturb_state, reference_ops, to_list
 from .reference import expected64 as reference_expected64
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
 from .supply import WorkerSupply, ZygoteHolder
-from .tensorio import TransportError, pack, packed_end, snapshot, staged, unpack
+from .tensorio import TransportError, pack, packed_end, perturbed, snapshot, staged, unpack
 from .timing import RELEASE_WAIT_S, reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
 from .verdict_cache import VerdictCache

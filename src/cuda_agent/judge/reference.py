@@ -19,7 +19,7 @@ from cuda_agent.tasks import Task
 
 from .config import JudgeConfig
 from .evaluation import JudgeError
-from .tensorio import move_state, moved, nbytes_of
+from .tensorio import move_state, nbytes_of
 
 
 class Reference:
@@ -149,25 +149,6 @@ def fresh_inputs(ref: Reference, seed: int, index: int, device: str) -> list:
         inputs = [x * rng.uniform(0.25, 1.0) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                   for x in inputs]
     return inputs
-
-
-def perturbed(inputs: list, seed: int, delta: float) -> list:
-    """`inputs` with every floating tensor (nested ones too) moved by `delta` relative, each element
-    up or down at random (`seed`): the second half of a precision-probe pair (compare.PROBE_DELTA).
-    Other values are kept as they are."""
-    count = [0]
-
-    def move(x):
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            count[0] += 1
-            return moved(x, seed + count[0], delta, x.device)
-        if isinstance(x, (list, tuple)):
-            return [move(v) for v in x] if isinstance(x, list) else tuple(move(v) for v in x)
-        if isinstance(x, dict):
-            return {k: move(v) for k, v in x.items()}
-        return x
-
-    return [move(x) for x in inputs]
 
 
 def perturb_state(setup: Setup, keys: list[str], seed: int | None, delta: float) -> None:

@@ -193,6 +193,21 @@ def moved(t: torch.Tensor, seed: int, delta: float, signs_on: str | torch.device
     return t * (1.0 + delta * (2 * signs.to(t.dtype) - 1))
 
 
+def perturbed(inputs: list, seed: int, delta: float) -> list:
+    """`inputs` with every floating tensor (nested ones too) moved by `delta` relative, each element
+    up or down at random (`seed`, then one more per tensor, signs drawn where the tensor is): the
+    second half of a precision-probe pair (compare.PROBE_DELTA). Other values are kept as they are."""
+    count = [0]
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point():
+            return t
+        count[0] += 1
+        return moved(t, seed + count[0], delta, t.device)
+
+    return [_map_tensors(move, x) for x in inputs]
+
+
 def move_state(targets: dict, originals: dict, keys: list[str], seed: int | None, delta: float) -> None:
     """The precision probe's move of a model's state: each floating tensor of `targets` named in
     `keys` set to its value in `originals` moved by `moved` (signs from `seed` + the key's position in
