@@ -3,7 +3,7 @@
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
 # Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, memdiag, plane,
-# replica, fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
+# replica, frag, fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
@@ -115,8 +115,6 @@ case "$stage" in
     # folder: only what it lacks is judged (the builds are redone). On an H200 a published
     # load_inline solution takes ~95 s to build with 14 builds at once, so 300 take about 35 minutes of device time (two or three calls).
     # benchmarks/fidelity_reviewed.json: the refusals classified by reading the solution's source.
-    # FID_ARGS="-c approx_rel_l2=5e-4": the precision probe on CUDA too (off there by default until the
-    # GPU tier has run it), which passes tanh-GELU approximations and refuses lower precision.
     timeout ${FID_TIMEOUT:-560} python3 benchmarks/fidelity.py --corpus .corpus --out "${FID_OUT:-.fidelity}" \
       --time-budget ${FID_BUDGET:-7} --explain benchmarks/fidelity_reviewed.json ${FID_ARGS:-} \
       > "$out/fidelity.log" 2>&1
@@ -181,6 +179,11 @@ case "$stage" in
         --cases ${MEMDIAG_CASES:-ew-256M} --no-ncu "$@" > "$out/memdiag_$name.log" 2>&1
       echo "== $v rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/memdiag_$name.log" | cut -c1-420
     done
+    ;;
+  frag)
+    # Whether freed memory elsewhere on the GPU slows a 1 GB streaming kernel in a new process.
+    timeout ${FRAG_TIMEOUT:-150} python3 benchmarks/gpu_fragmentation.py ${FRAG_ARGS:-} \
+      --out "$out/gpu_fragmentation.json" 2>&1 | grep -v -i warn | tail -12
     ;;
   replica)
     # The judge's call cycle played by two plain processes, then with the kernel as the judge builds

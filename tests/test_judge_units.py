@@ -155,11 +155,10 @@ def test_perturbed_moves_every_floating_tensor_by_delta_and_nothing_else():
     assert torch.equal(perturbed(ins, seed=1, delta=2.0 ** -8)[0], out[0])  # the seed decides
 
 
-def test_the_approximation_allowance_is_on_for_cpu_and_off_for_cuda_by_default():
-    assert JudgeConfig(device="cpu").approx_ceiling() == 5e-4
-    assert JudgeConfig(device="cuda").approx_ceiling() == 0.0
-    assert JudgeConfig(device="cuda", approx_rel_l2=5e-4).approx_ceiling() == 5e-4
-    assert JudgeConfig(device="cpu", approx_rel_l2=0).approx_ceiling() == 0.0
+def test_the_approximation_allowance_is_on_by_default_on_both_backends():
+    assert JudgeConfig(device="cpu").approx_rel_l2 == 5e-4
+    assert JudgeConfig(device="cuda").approx_rel_l2 == 5e-4
+    assert JudgeConfig(device="cuda", approx_rel_l2=0).approx_rel_l2 == 0.0
 
 
 def _tanh_chain(x, weights, mm):

@@ -12,11 +12,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-# approx_rel_l2's default on the CPU backend: above the tanh approximation of GELU (2e-4 over
-# standard-normal inputs) with room for the layers around it, below the ~1e-3 of a wrong but smooth
-# computation (eval-mode BatchNorm where the task trains). Whatever passes through it must still pass
-# the precision probe.
-APPROX_REL_L2_CPU = 5e-4
 
 
 def default_cache_dir() -> Path:
@@ -71,16 +66,18 @@ class JudgeConfig(BaseModel):
         1e-2, gt=0, description="how far a noisy (ill-conditioned) reference can widen the relative L2 bound: "
                                 "to this plus the reference's own error (so a faithful copy of the reference "
                                 "passes); far below what zero (1.0) or constant outputs give")
-    approx_rel_l2: float | None = Field(
-        None, ge=0, description="relative L2 error against float64 up to which an output over the noise-scaled bound "
+    # 5e-4: above the tanh approximation of GELU (2e-4 over standard-normal inputs) with room for the
+    # layers around it, below the ~1e-3 of a wrong but smooth computation (eval-mode BatchNorm where
+    # the task trains). Whatever passes through it must still pass the precision probe.
+    approx_rel_l2: float = Field(
+        5e-4, ge=0, description="relative L2 error against float64 up to which an output over the noise-scaled bound "
                                 "still passes if the candidate computes at the task's precision: an approximation "
                                 "(tanh GELU for erf GELU) rather than lower-precision arithmetic, which can err as "
                                 "much. The precision probe tells them apart: the checked call is repeated with its inputs "
                                 "and the parameters copied from Model moved by 2^-8 relative, and the change of the "
                                 "output must agree with float64's "
                                 "(fp16 or TF32 rounding leaves a change that small unresolved); then every warm-up "
-                                "and timed call comes in such a pair. None: 5e-4 on the cpu backend, 0 (off) on cuda "
-                                "until the GPU tier has run it; 0: off")
+                                "and timed call comes in such a pair. 0: off")
     n_check: int = Field(5, ge=1, description="input sets used for the correctness verdict")
     n_warmup: int = Field(3, ge=0, description="warm-up calls (fresh inputs, outputs checked too)")
     n_timed: int = Field(20, ge=3, description="timed calls, each with fresh inputs, each output checked")
@@ -151,12 +148,6 @@ class JudgeConfig(BaseModel):
     max_output_mb: int | None = Field(
         None, ge=1, description="largest total output of one call, in MiB (default: an eighth of the GPU's "
                                 "memory on cuda, of the host's on cpu, and at least 2048)")
-
-    def approx_ceiling(self) -> float:
-        """approx_rel_l2 as it applies on this device (0: no approximation allowance)."""
-        if self.approx_rel_l2 is not None:
-            return self.approx_rel_l2
-        return APPROX_REL_L2_CPU if self.device == "cpu" else 0.0
 
     def output_limit_mb(self) -> int:
         """The output limit in force: the configured cap, else a share of the device's memory. The

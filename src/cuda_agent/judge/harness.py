@@ -693,7 +693,7 @@ class Judge:
                               expected64=expected64, noise_multiple=cfg.ref_noise_multiple,
                               rel_l2_ceiling=cfg.max_rel_l2_ceiling,
                               rel_l2_bounds=None if role in ("check", "probe") else session.rel_l2_bounds,
-                              approx_ceiling=cfg.approx_ceiling() if role in ("check", "probe") else 0.0)
+                              approx_ceiling=cfg.approx_rel_l2 if role in ("check", "probe") else 0.0)
         if role in ("check", "probe"):
             # Later calls (no float64 reference) keep the widest bound the checked calls found.
             old = session.rel_l2_bounds or [None] * len(cmp.later_bounds)
@@ -737,7 +737,7 @@ class Judge:
             err = cmp.rel_l2_err_f64
             v.notes.append(f"call {i}: output(s) {', '.join(map(str, cmp.approximate))} over the noise-scaled bound "
                            f"(error {err:.3g} against float64, bound {cmp.rel_l2_bound:.3g}) but within "
-                           f"approx_rel_l2 {cfg.approx_ceiling():g}: repeated on inputs moved by 2^-8 (precision probe)")
+                           f"approx_rel_l2 {cfg.approx_rel_l2:g}: repeated on inputs moved by 2^-8 (precision probe)")
         v.n_checked += 1
         # Every call's inputs come back (after its clock stopped) and are compared with what was sent:
         # read in place where the process got views of them (the shared GPU region; the host plane
