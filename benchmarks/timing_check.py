@@ -281,17 +281,20 @@ def markers(calls) -> dict:
     kernel on one stream should have none; many means the host's reaction after a long wait is
     read as work. And the checked calls' median device time of their kernels in CUDA's activity
     records (`kernel_ms`): near the gated time, the kernels themselves ran that long in the judge's
-    process; near Nsight Compute's, the time went between or around them."""
+    process; near Nsight Compute's, the time went between or around them. `waited`: how many timed
+    calls' timing thread waited for a core while it waited for the device (`run_delay_ms`; the
+    idle marker is that much late, and timing.device_busy_ms takes it off, within its cap)."""
     import statistics
 
     kernel = [c.kernel_ms for c in calls if c.role == "check" and getattr(c, "kernel_ms", None) is not None]
     kernel_ms = statistics.median(kernel) if kernel else None
     timed = [c for c in calls if c.role == "timed" and c.stream_ms is not None and c.inside_ms is not None]
     if not timed:
-        return {"stream_ms": None, "past_end": None, "kernel_ms": kernel_ms}
+        return {"stream_ms": None, "past_end": None, "kernel_ms": kernel_ms, "waited": None}
     past = sum(c.inside_ms > c.stream_ms * 1.0001 + 1e-6 for c in timed)
+    waited = sum((getattr(c, "run_delay_ms", None) or 0.0) > 0.001 for c in timed)
     return {"stream_ms": statistics.median(c.stream_ms for c in timed), "past_end": f"{past}/{len(timed)}",
-            "kernel_ms": kernel_ms}
+            "kernel_ms": kernel_ms, "waited": f"{waited}/{len(timed)}"}
 
 
 class GpuClocks:

@@ -104,19 +104,57 @@ def test_timing_check_counts_calls_timed_past_their_end_marker():
     spec = importlib.util.spec_from_file_location("timing_check", BENCH)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    calls = [CallRecord(index=i, role="timed", inside_ms=0.66 if i % 2 else 0.54, outside_ms=1.0, stream_ms=0.54)
-             for i in range(4)]
+    calls = [CallRecord(index=i, role="timed", inside_ms=0.66 if i % 2 else 0.54, outside_ms=1.0, stream_ms=0.54,
+                        run_delay_ms=0.03 if i == 1 else 0.0) for i in range(4)]
     calls += [CallRecord(index=4 + k, role="check", inside_ms=2.0, outside_ms=2.5, stream_ms=0.5, kernel_ms=ms)
               for k, ms in enumerate((0.52, 0.51, 0.6))]
-    assert mod.markers(calls) == {"stream_ms": 0.54, "past_end": "2/4", "kernel_ms": 0.52}
+    assert mod.markers(calls) == {"stream_ms": 0.54, "past_end": "2/4", "kernel_ms": 0.52, "waited": "1/4"}
     cpu = [CallRecord(index=0, role="timed", inside_ms=1.0, outside_ms=1.2)]  # no markers on the CPU backend
-    assert mod.markers(cpu) == {"stream_ms": None, "past_end": None, "kernel_ms": None}
+    assert mod.markers(cpu) == {"stream_ms": None, "past_end": None, "kernel_ms": None, "waited": None}
 
 
 def test_a_cpu_call_timer_reports_no_marker_time():
     timer = timing.CallTimer("cpu")
     timer.start()
     assert timer.stop() >= 0.0 and timer.last_stream_ms is None and timer.method == "cpu"
+
+
+def test_an_idle_marker_late_by_a_wait_for_a_core_is_not_side_stream_work():
+    # A 17 us gated call on a loaded host (seen on the H200 beside 14 builds): the timing thread,
+    # spinning in the synchronize, was preempted for 25 us, so the idle marker came 25 us past its
+    # usual 10 us reaction, while the second marker right after found the thread running (10 us).
+    # Read as side-stream work, the call's time doubled; the wait for a core explains the lag.
+    late = dict(stream_ms=0.017, idle_ms=0.017 + 0.010 + 0.025, reaction_ms=0.010, now_ms=0.010)
+    assert timing.device_busy_ms(**late, waited_ms=0.0) == pytest.approx(0.042)
+    assert timing.device_busy_ms(**late, waited_ms=0.025) == 0.017
+    # Work on another stream that outlives the end marker still counts, however long the thread says
+    # it waited: the reaction taken off is capped (4 x 10 us + 50 us), as the second marker's is.
+    side = dict(stream_ms=0.017, idle_ms=0.017 + 0.200 + 0.010, reaction_ms=0.010, now_ms=0.010)
+    assert timing.device_busy_ms(**side, waited_ms=5.0) == pytest.approx(0.017 + 0.200 + 0.010 - 0.090)
+    assert timing.device_busy_ms(**side, waited_ms=0.0) == pytest.approx(0.217)
+    # No lag past the reaction: the end marker's time.
+    assert timing.device_busy_ms(0.5, 0.51, 0.010, 0.012, 0.0) == 0.5
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="the kernel keeps no schedstat")
+def test_the_timing_threads_wait_for_a_core_is_read_from_the_kernel():
+    import subprocess
+    import sys
+
+    timer = timing.CallTimer("cpu")
+    first = timer._run_delay_ms()
+    # two spinning processes per core for 0.4 s: this thread, spinning too, waits for a core now and then
+    cores = len(os.sched_getaffinity(0))
+    hogs = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 0.4\nwhile time.time() < end: pass"])
+            for _ in range(2 * cores)]
+    try:
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            sum(range(1000))
+    finally:
+        for h in hogs:
+            h.wait()
+    assert timer._run_delay_ms() > first >= 0.0 and timer._schedstat not in (None, -1)
 
 
 def test_a_single_threaded_claim_cannot_fall_below_its_own_threads_cpu_time():

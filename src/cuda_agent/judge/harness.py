@@ -726,6 +726,7 @@ class Judge:
         v.max_rel_l2_err = max(v.max_rel_l2_err or 0.0, cmp.rel_l2_err)
         v.calls.append(CallRecord(index=i, role=role, inside_ms=claimed, outside_ms=measured,
                                   stream_ms=_num(reply.get("stream_ms")),
+                                  lag_ms=_num(reply.get("lag_ms")), run_delay_ms=_num(reply.get("run_delay_ms")),
                                   kernel_ms=_num(reply.get("kernel_ms")),
                                   max_abs_err=cmp.max_abs_err, rel_l2_err=cmp.rel_l2_err,
                                   rel_l2_err_f64=cmp.rel_l2_err_f64, ref_noise_rel_l2=cmp.ref_noise_rel_l2,

@@ -149,6 +149,8 @@ class CallReply(TypedDict, total=False):
     ok: Required[Literal[True]]
     inside_ms: float               # the time the worker claims (checked against the judge's clock)
     stream_ms: float | None        # gated calls: start to end marker (inside_ms adds work past the end)
+    lag_ms: float | None           # gated calls: the idle marker's lag behind the end marker (timing.py)
+    run_delay_ms: float | None     # gated calls: the timing thread's wait for a core meanwhile
     timing: str                    # how it timed the call: gated, events, cpu
     structure: str                 # "tensor", "tuple", "list", ...
     outputs: list                  # pack metadata of the outputs (in the data plane)

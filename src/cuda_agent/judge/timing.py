@@ -167,6 +167,11 @@ class CallTimer:
         # The last gated call's time between its start and end markers; stop() returns more where the
         # device was busy past the end marker (side streams). None for calls timed any other way.
         self.last_stream_ms: float | None = None
+        # Diagnostics of the last gated call: the idle marker's lag behind the end marker, and how
+        # long the timing thread waited for a core while it waited for the device (device_busy_ms).
+        self.last_lag_ms: float | None = None
+        self.last_run_delay_ms: float | None = None
+        self._schedstat: int | None = None  # fd of this thread's /proc schedstat (-1: unreadable)
         if device == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
@@ -199,7 +204,7 @@ class CallTimer:
         for _ in range(7):
             self.start()
             self.stop()
-            lags.append(self._last_lag_ms)
+            lags.append(self.last_lag_ms)
         return sorted(lags)[len(lags) // 2]
 
     def can_hold(self) -> bool:
@@ -238,7 +243,7 @@ class CallTimer:
 
     def stop(self) -> float:
         """Milliseconds since `start`, after all queued device work finished."""
-        self.last_stream_ms = None
+        self.last_stream_ms = self.last_lag_ms = self.last_run_delay_ms = None
         if self.device != "cuda":
             return (_perf_counter() - self._t0) * 1e3
         gate = self.gate
@@ -250,8 +255,12 @@ class CallTimer:
             return float(self._start.elapsed_time(self._end))
         self._end.record()
         gate.release()  # a no-op where the judge releases it
+        delay0 = self._run_delay_ms()
         torch.cuda.synchronize()
         self._idle.record()
+        # How long this thread waited for a core between the device finishing and the idle marker's
+        # launch (it spins in the synchronize; a loaded core preempts it): the marker is that late.
+        waited = max(self._run_delay_ms() - delay0, 0.0)
         self._idle.synchronize()
         timed_out = bool(int(gate.timed_out[0])) or self._early
         gate.timed_out[0] = 0
@@ -273,17 +282,46 @@ class CallTimer:
         self._idle_again.synchronize()
         stream_ms = float(self._start.elapsed_time(self._end))
         idle_ms = float(self._start.elapsed_time(self._idle))
-        self._last_lag_ms = idle_ms - stream_ms
         self.method = "events" if timed_out else "gated"
         self.last_stream_ms = stream_ms
-        # Work on another stream that outlived the end event counts until the device was idle. The
-        # idle marker lags the device's last work by the host's reaction: the larger of the one
-        # measured at start-up and the one just measured (capped, so that a host made slow on
-        # purpose cannot hide much side-stream work; the judge's outside clock bounds the rest).
+        self.last_lag_ms, self.last_run_delay_ms = idle_ms - stream_ms, waited
         now_ms = float(self._idle.elapsed_time(self._idle_again))
-        reaction_ms = max(self._reaction_ms, min(now_ms, 4 * self._reaction_ms + self._REACTION_CAP_MS))
-        busy_ms = idle_ms - reaction_ms
-        return stream_ms if busy_ms - stream_ms <= self._SIDE_SLACK_MS + 0.05 * stream_ms else busy_ms
+        return device_busy_ms(stream_ms, idle_ms, self._reaction_ms, now_ms, waited,
+                              self._SIDE_SLACK_MS, self._REACTION_CAP_MS)
+
+    def _run_delay_ms(self) -> float:
+        """This thread's time spent waiting for a core so far (the kernel's schedstat), 0 where the
+        kernel does not say. The file is opened once, on the thread that times the calls."""
+        import os
+
+        if self._schedstat == -1:
+            return 0.0
+        try:
+            if self._schedstat is None:
+                self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            return int(os.pread(self._schedstat, 128, 0).split()[1]) / 1e6
+        except (OSError, ValueError, IndexError):
+            self._schedstat = -1
+            return 0.0
+
+
+def device_busy_ms(stream_ms: float, idle_ms: float, reaction_ms: float, now_ms: float, waited_ms: float,
+                   side_slack_ms: float = CallTimer._SIDE_SLACK_MS,
+                   reaction_cap_ms: float = CallTimer._REACTION_CAP_MS) -> float:
+    """A gated call's time: from the start marker to the end marker (`stream_ms`), or, where work
+    on another stream outlived the end marker, to the point the device went idle.
+
+    That point is read from the idle marker (`idle_ms` after the start marker), launched once a
+    device-wide synchronize returned, so it lags the device's last work by the host's reaction: the
+    larger of the one measured at start-up (`reaction_ms`), the one just measured (`now_ms`: a second
+    marker right after the first) and the start-up one plus the time the timing thread waited for a
+    core meanwhile (`waited_ms`: a loaded core delays its return from the synchronize, and the marker
+    with it, by up to a scheduler slice, while the second marker finds the thread running). The
+    reaction taken off is capped (4 x the start-up one + `reaction_cap_ms`), so a host made slow on
+    purpose hides no more side-stream work than that; the judge's outside clock bounds the rest."""
+    reaction = max(reaction_ms, min(max(now_ms, reaction_ms + waited_ms), 4 * reaction_ms + reaction_cap_ms))
+    busy_ms = idle_ms - reaction
+    return stream_ms if busy_ms - stream_ms <= side_slack_ms + 0.05 * stream_ms else busy_ms
 
 
 PAGE_STRIDE = 1 << 21  # the GPU's large page: one address translation per 2 MiB of device memory

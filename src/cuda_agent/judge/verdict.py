@@ -63,6 +63,11 @@ class CallRecord(BaseModel):
     # CUDA, gated calls, as the process reports it: its events' time from the start marker to the end
     # marker; inside_ms is longer where the device stayed busy past the end marker (a side stream)
     stream_ms: float | None = None
+    # CUDA, gated calls, as the process reports it (diagnostics; timing.device_busy_ms): how far the
+    # idle marker lagged the end marker (side-stream work plus the host's reaction), and how long the
+    # timing thread waited for a core in that time (a loaded core makes the marker late)
+    lag_ms: float | None = None
+    run_delay_ms: float | None = None
     # CUDA, checked calls, as the process reports it: the device time of the call's kernels and
     # copies in CUDA's activity records (as Nsight Compute reads them). A diagnostic set beside the
     # timed calls' gated time (slow inside the kernels, or between them?); never a time the judge uses.

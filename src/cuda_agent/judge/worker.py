@@ -497,6 +497,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             tampered = sorted(k for k, fn in watched.items() if _resolve(k, torch) is not fn)
             tampered += obs.changed(sealed) + unobserved
             chan.send({"ok": True, "inside_ms": inside_ms, "stream_ms": timer.last_stream_ms, "timing": timer.method,
+                       "lag_ms": timer.last_lag_ms, "run_delay_ms": timer.last_run_delay_ms,
                        "structure": structure, "outputs": meta,
                        "tampered": tampered, "ops": ops[:4096], "flags_changed": changed,
                        "blocked": blocked[:20]})
