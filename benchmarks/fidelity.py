@@ -47,6 +47,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -896,8 +897,41 @@ def build_report(corpus: Corpus, records: list[Record], results: dict[str, dict]
         "rejections": [x for x in rows if not x["correct"] or x["class"] != "correct"],
         "correlation": correlation,
         "ncu": ncu, "ncu_note": ncu_note,
+        "markers": marker_summary({r.key: (results[r.key].get("verdict") or {}) for r in records if r.key in results}),
         "records": rows,
     }
+
+
+def marker_summary(verdicts: dict[str, dict], over: float = 1.02) -> dict:
+    """How the judge's gated times of correct verdicts sit against their own end markers.
+
+    A gated call's time is its start-to-end-marker time (`stream_ms`) unless the device looked busy
+    past the end marker (side-stream work, or an idle marker made late by the host: timing.py
+    `device_busy_ms`). Counted over the timed calls: how many were read past their end marker, and
+    of those how many had the timing thread wait for a core meanwhile (`run_delay_ms`); listed: the
+    verdicts whose runtime is more than `over` times the median end-marker time of the calls it
+    was taken from (the last `runtime.n` timed calls), and whether that was the second round."""
+    calls = past = waited = 0
+    stretched = []
+    for key, v in sorted(verdicts.items()):
+        runtime = v.get("runtime") or {}
+        if not v.get("correct") or runtime.get("source") != "gated":
+            continue
+        timed = [c for c in v.get("calls") or [] if c.get("role") == "timed"]
+        timed = timed[-int(runtime.get("n") or len(timed)):]
+        gated = [c for c in timed if c.get("stream_ms") is not None and c.get("inside_ms") is not None]
+        for c in gated:
+            calls += 1
+            if c["inside_ms"] > c["stream_ms"] * 1.0001 + 1e-6:
+                past += 1
+                waited += (c.get("run_delay_ms") or 0.0) > 0.001
+        if gated and runtime.get("median_ms"):
+            ratio = runtime["median_ms"] / statistics.median(c["stream_ms"] for c in gated)
+            if ratio > over:
+                stretched.append({"key": key, "ratio": ratio,
+                                  "second_round": any("second round" in n for n in v.get("notes") or [])})
+    return {"gated_timed_calls": calls, "past_end_marker": past, "past_end_marker_waited": waited,
+            "over": over, "stretched": stretched}
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -951,6 +985,13 @@ def markdown(report: dict) -> str:
                       "|---|---|---|---|---|---|"]
             lines += [f"| {x['key']} | {_fmt(x['judge_ms'])} | {_fmt(x['ncu_ms'])} | {_fmt(x['ratio'])} | "
                       f"{_fmt(x['kernels_per_forward'])} | {x['error'] or ''} |" for x in report["ncu"]]
+    m = report.get("markers")
+    if m and m["gated_timed_calls"]:
+        lines += ["", "## Gated times against their end markers", "", marker_sentence(m)]
+        if m["stretched"]:
+            lines += ["", "| record | runtime / end-marker time | second round |", "|---|---|---|"]
+            lines += [f"| {x['key']} | {_fmt(x['ratio'])} | {'yes' if x['second_round'] else 'no'} |"
+                      for x in m["stretched"]]
     lines += ["", "## Records not judged correct", "", "| record | class | rule | category | message |",
               "|---|---|---|---|---|"]
     for x in report["rejections"]:
@@ -958,6 +999,13 @@ def markdown(report: dict) -> str:
         lines.append(f"| {x['key']} | {x['class']}{' (reviewed)' if x['reviewed'] else ''} | {x['rule']} | "
                      f"{x['category']} | {msg} |")
     return "\n".join(lines) + "\n"
+
+
+def marker_sentence(m: dict) -> str:
+    return (f"{m['past_end_marker']} of {m['gated_timed_calls']} gated timed calls of correct verdicts were timed "
+            f"past their end marker ({m['past_end_marker_waited']} of them with the timing thread waiting for a "
+            f"core meanwhile); {len(m['stretched'])} runtimes over {m['over']:g}x their calls' median "
+            f"end-marker time.")
 
 
 def summary_sentence(o: dict) -> str:
@@ -1002,6 +1050,11 @@ def print_report(report: dict) -> None:
     c = report["correlation"]["overall"]
     console.print(f"Spearman (judge speed-up vs recorded torch_speedup): {_fmt(c['spearman'])} over {c['n']} "
                   f"records correct on both sides; geomean judge/recorded {_fmt(c['geomean_judge_over_recorded'])}")
+    m = report.get("markers")
+    if m and m["gated_timed_calls"]:
+        console.print(marker_sentence(m) + "".join(f"\n  {x['key']}: {_fmt(x['ratio'])}x"
+                                                   + (" (second round)" if x["second_round"] else "")
+                                                   for x in m["stretched"]))
     if report["ncu_note"]:
         console.print(report["ncu_note"])
     for x in report["ncu"] or []:

@@ -791,3 +791,24 @@ def test_judging_order_mixes_the_levels_in_proportion():
     assert {r.level for r in order[:4]} == {1, 2, 3}
     for level in (1, 2, 3):  # each level keeps its own order
         assert [r.number for r in order if r.level == level] == sorted(r.number for r in order if r.level == level)
+
+
+def test_marker_summary_counts_calls_past_their_end_marker_and_stretched_runtimes():
+    def call(inside, stream, waited=0.0, role="timed"):
+        return {"role": role, "inside_ms": inside, "stream_ms": stream, "run_delay_ms": waited}
+
+    # a first round of 4 timed calls, then the reported second round of 4: 3 of them read past the
+    # end marker (2 with the thread waiting for a core), so the median runtime is 1.5x the markers'
+    stretched = {"correct": True, "notes": ["... so the second round had the judge open each call's gate"],
+                 "runtime": {"median_ms": 0.03, "n": 4, "source": "gated"},
+                 "calls": [call(0.02, 0.02, role="check")] + [call(0.02, 0.02)] * 4
+                 + [call(0.02, 0.02), call(0.03, 0.02, 0.01), call(0.03, 0.02, 0.02), call(0.04, 0.02)]}
+    clean = {"correct": True, "runtime": {"median_ms": 1.0, "n": 2, "source": "gated"},
+             "calls": [call(1.0, 1.0), call(1.0, 1.0)]}
+    events = {"correct": True, "runtime": {"median_ms": 5.0, "n": 1, "source": "events"},
+              "calls": [call(5.0, None)]}
+    wrong = {"correct": False, "runtime": None, "calls": [call(9.0, 1.0)]}
+    m = fid.marker_summary({"a": stretched, "b": clean, "c": events, "d": wrong})
+    assert (m["gated_timed_calls"], m["past_end_marker"], m["past_end_marker_waited"]) == (6, 3, 2)
+    assert m["stretched"] == [{"key": "a", "ratio": pytest.approx(1.5), "second_round": True}]
+    assert "3 of 6 gated timed calls" in fid.marker_sentence(m)
