@@ -113,3 +113,8 @@ def test_a_setting_added_later_leaves_the_digest_of_earlier_runs_at_its_old_beha
     assert settings_digest(config.model_copy(update={"flush_after_inputs": True})) != settings_digest(config)
     assert settings_digest(config.model_copy(update={"touch_pages": True})) != settings_digest(config)
     assert settings_digest(config.model_copy(update={"device_lock": "/tmp/x.lock"})) == settings_digest(config)
+    # the precision probe (approx_rel_l2) came later too: off (0) is the earlier behaviour, and its
+    # default (on) is another setting, so a run stored before it does not resume under it
+    off = config.model_copy(update={"approx_rel_l2": 0.0})
+    before_probe = {k: v for k, v in off.model_dump(mode="json").items() if k != "approx_rel_l2"}
+    assert settings_digest(before_probe) == settings_digest(off) != settings_digest(config)
