@@ -2,7 +2,7 @@
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
 #   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
-# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, memdiag, plane,
+# Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, keepplane, memdiag, plane,
 # replica, frag, fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
@@ -156,6 +156,22 @@ case "$stage" in
         --cases ew-256M mm-8192 --no-ncu -c spares=$spares > "$out/timing_diag_spares$spares.log" 2>&1
       echo "spares=$spares rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/timing_diag_spares$spares.log" | cut -c1-420
     done
+    ;;
+  keepplane)
+    # The judge's GPU region kept from one process to the next (JudgeConfig.keep_gpu_plane), so that
+    # no free on the GPU precedes a process's calls, beside the default that frees it after each
+    # process; without ncu (the 1 GB elementwise kernel: 0.654 ms in the judge, 0.54 ms in a plain
+    # process and under Nsight Compute). Then the same with ncu, kept, unless KEEP_NCU=0.
+    for v in false true; do
+      timeout ${KEEP_TIMEOUT:-150} python3 benchmarks/timing_check.py --out "$out/keep-$v" --cases ${KEEP_CASES:-ew-256M ew-32M} \
+        --no-ncu -c keep_gpu_plane=$v > "$out/timing_keep_$v.log" 2>&1
+      echo "keep_gpu_plane=$v rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/timing_keep_$v.log" | cut -c1-420
+    done
+    if [ "${KEEP_NCU:-1}" = 1 ]; then
+      timeout ${KEEP_TIMEOUT:-150} python3 benchmarks/timing_check.py --out "$out/keep-ncu" --cases ${KEEP_CASES:-ew-256M ew-32M} \
+        -c keep_gpu_plane=true > "$out/timing_keep_ncu.log" 2>&1
+      echo "keep_gpu_plane=true with ncu rc=$?"; grep -E "^\|" "$out/timing_keep_ncu.log"
+    fi
     ;;
   memdiag)
     # Where a memory-bound kernel's time goes under the judge (ew-256M, 1 GB in and out: Nsight

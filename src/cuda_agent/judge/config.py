@@ -98,6 +98,14 @@ class JudgeConfig(BaseModel):
                             "in the process starts, so the call does not start with the GPU's address "
                             "translations evicted by the judge's own work between calls (a profiler's replay "
                             "finds them warm). Puts one cache line per page into the L2")
+    keep_gpu_plane: bool = Field(
+        False, description="CUDA: keep the GPU region shared with candidate processes (their calls' inputs and "
+                           "outputs) from one process to the next, zeroed in between, instead of freeing it "
+                           "after each and allocating the next: GPU memory that a live process frees slows a "
+                           "memory-bound kernel in another process for a while after (benchmarks/"
+                           "judge_replica.py --conditions frees: a 1 GB elementwise kernel 0.54 -> 0.60 ms), "
+                           "and every baseline and candidate process the judge starts follows such a free. "
+                           "Grown (freed, then allocated larger) when a task needs more; held while the judge lives")
     poison_outputs: bool = Field(
         True, description="CUDA: before each call, fill a block of the outputs' size with NaN bytes and free it, so "
                           "the outputs land in it and elements the candidate never writes show as NaN instead of "

@@ -80,9 +80,17 @@ class _CudaArray:
 class SharedGpuBuffer:
     """`nbytes` of device memory, created by the judge and opened by the candidate process."""
 
-    def __init__(self, ptr: int, nbytes: int, owner: bool, handle: bytes):
+    def __init__(self, ptr: int, nbytes: int, owner: bool, handle: bytes, lender: "SharedGpuBuffer | None" = None):
         self.ptr, self.nbytes, self.owner, self.handle = ptr, nbytes, owner, handle
+        self.lender = lender  # a loan of another buffer's memory (`lend`): closing it frees nothing
         self.tensor = torch.as_tensor(_CudaArray(ptr, nbytes), device="cuda")
+
+    def lend(self) -> "SharedGpuBuffer":
+        """The same memory, zeroed (nothing of an earlier borrower's calls is left for the next), as
+        a buffer whose `close` leaves it allocated: the owner keeps it for the next borrower."""
+        self.tensor.zero_()
+        torch.cuda.synchronize()
+        return SharedGpuBuffer(self.ptr, self.nbytes, False, self.handle, lender=self)
 
     @classmethod
     def create(cls, nbytes: int) -> "SharedGpuBuffer":
@@ -114,6 +122,9 @@ class SharedGpuBuffer:
         if self.ptr is None:
             return
         self.tensor = None
+        if self.lender is not None:
+            self.ptr = None
+            return
         lib = _runtime()
         if self.owner:
             lib.cudaDeviceSynchronize()

@@ -147,6 +147,9 @@ class Judge:
         self._integrity = _package_files()
         self._references: dict[str, Reference] = {}
         self.builds = CandidateBuilds(self.builder, self.device, config.policy)
+        # JudgeConfig.keep_gpu_plane: the GPU region kept from one process to the next, and its loan
+        self._kept_region: SharedGpuBuffer | None = None
+        self._region_loan: SharedGpuBuffer | None = None
         self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
         # Judges sharing this device: timed calls hold it alone, other calls share it (devlock.py).
         self._device_lock = DeviceLock(config.device_lock) if config.device_lock else None
@@ -251,6 +254,27 @@ class Judge:
         self._references.clear()
         self.supply.close()
         self._build_zygote.close()
+        if self._kept_region is not None:  # no process maps it any more: the supply's workers are gone
+            self._kept_region.close()
+            self._kept_region = None
+
+    def _gpu_region(self, nbytes: int) -> SharedGpuBuffer:
+        """The GPU region of a new candidate or baseline process: its own allocation, freed when the
+        process is gone, or (JudgeConfig.keep_gpu_plane) a loan of the one this judge keeps, zeroed
+        first, so that no free on the GPU precedes the process's calls. The kept region grows when
+        a task needs more; a loan still out (sessions overlap) gets an allocation of its own."""
+        if not self.config.keep_gpu_plane:
+            return SharedGpuBuffer.create(nbytes)
+        kept = self._kept_region
+        if kept is not None and self._region_loan is not None and self._region_loan.ptr is not None:
+            return SharedGpuBuffer.create(nbytes)
+        if kept is None or kept.nbytes < nbytes:
+            if kept is not None:
+                self._kept_region = None
+                kept.close()
+            self._kept_region = kept = SharedGpuBuffer.create(nbytes)
+        self._region_loan = kept.lend()
+        return self._region_loan
 
     def standby_pids(self) -> set[int]:
         """Processes this judge keeps between evaluations on purpose: its spare workers (which run no
@@ -414,7 +438,7 @@ class Judge:
         shared = None
         if self.device == "cuda":
             try:
-                shared = SharedGpuBuffer.create(plane.size)
+                shared = self._gpu_region(plane.size)
             except CudaIpcError as exc:
                 ev.note_gpu_plane_problem(str(exc))
                 plane.pin()
