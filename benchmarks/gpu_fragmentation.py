@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import subprocess
 import sys
 import time
@@ -84,8 +84,8 @@ def child(nbytes: int, runs: int, reserve: bool = False) -> dict:
 
 
 def helper(mode: str, held_gb: float, block_mb: int, seconds: float = 0) -> subprocess.Popen:
+    # without the caching allocator each block is its own cudaMalloc, so freeing one frees it on the GPU
     env = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"} if mode != "churn" else {}
-    import os
     p = subprocess.Popen([sys.executable, "-c", HELPER, mode, str(held_gb), str(block_mb), str(seconds)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
     assert p.stdout.readline().strip() == "ready"
