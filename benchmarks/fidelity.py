@@ -14,6 +14,7 @@ the number in that name decides (and a disagreement is reported).
     python benchmarks/fidelity.py --corpus ... --out ... --report-only --explain benchmarks/fidelity_reviewed.json
     python benchmarks/fidelity.py --corpus ... --out ... --prescreen       # static checks only, no device
     python benchmarks/fidelity.py --corpus ... --out ... --rejudge 'l3_p15_*'  # after a judge fix
+    python benchmarks/fidelity.py --corpus ... --out ... --report-only --compare OTHER_OUT  # a repeat
 
 1. Every record (or a sample stratified by level) is paired with its reference and judged through
    the project's pool (`cuda_agent.pool`), by default on CUDA with the lenient policy (published
@@ -934,6 +935,33 @@ def marker_summary(verdicts: dict[str, dict], over: float = 1.02) -> dict:
             "over": over, "stretched": stretched}
 
 
+def compare_runs(mine: dict[str, dict], other: dict[str, dict], close: float = 0.005) -> dict:
+    """The records both folders judged (`--compare`): whether the verdicts agree, and how the
+    runtimes of those judged correct in both compare (this run's over the other's): the median
+    ratio, how many agree within `close`, and the others by key, with how each was timed."""
+    both = sorted(set(mine) & set(other))
+    verdict = {k: ((mine[k].get("verdict") or {}), (other[k].get("verdict") or {})) for k in both}
+    differ = [k for k, (a, b) in verdict.items() if bool(a.get("correct")) != bool(b.get("correct"))]
+    ratios, apart = [], []
+    for k, (a, b) in verdict.items():
+        ra, rb = (a.get("runtime") or {}), (b.get("runtime") or {})
+        if a.get("correct") and b.get("correct") and ra.get("median_ms") and rb.get("median_ms"):
+            ratio = ra["median_ms"] / rb["median_ms"]
+            ratios.append(ratio)
+            if abs(ratio - 1) > close:
+                apart.append({"key": k, "ratio": ratio, "ms": ra["median_ms"], "other_ms": rb["median_ms"],
+                              "source": ra.get("source"), "other_source": rb.get("source")})
+    return {"both": len(both), "verdicts_differ": differ, "timed_both": len(ratios),
+            "median_ratio": statistics.median(ratios) if ratios else None, "close": close,
+            "within_close": len(ratios) - len(apart), "apart": sorted(apart, key=lambda x: -abs(x["ratio"] - 1))}
+
+
+def compare_sentence(c: dict) -> str:
+    return (f"{c['both']} records judged in both runs, {len(c['verdicts_differ'])} with another verdict; of the "
+            f"{c['timed_both']} correct in both, {c['within_close']} runtimes within {100 * c['close']:g}% "
+            f"(median ratio {_fmt(c['median_ratio'], 4)})")
+
+
 def _fmt(x, digits: int = 3) -> str:
     if x is None:
         return "-"
@@ -985,6 +1013,15 @@ def markdown(report: dict) -> str:
                       "|---|---|---|---|---|---|"]
             lines += [f"| {x['key']} | {_fmt(x['judge_ms'])} | {_fmt(x['ncu_ms'])} | {_fmt(x['ratio'])} | "
                       f"{_fmt(x['kernels_per_forward'])} | {x['error'] or ''} |" for x in report["ncu"]]
+    c = report.get("compare")
+    if c:
+        lines += ["", f"## Against another run ({c['folder']})", "", compare_sentence(c)]
+        if c["verdicts_differ"]:
+            lines += ["", "Other verdicts: " + ", ".join(c["verdicts_differ"])]
+        if c["apart"]:
+            lines += ["", "| record | ms | other ms | ratio | timed | other timed |", "|---|---|---|---|---|---|"]
+            lines += [f"| {x['key']} | {_fmt(x['ms'], 4)} | {_fmt(x['other_ms'], 4)} | {_fmt(x['ratio'])} | "
+                      f"{x['source']} | {x['other_source']} |" for x in c["apart"]]
     m = report.get("markers")
     if m and m["gated_timed_calls"]:
         lines += ["", "## Gated times against their end markers", "", marker_sentence(m)]
@@ -1050,6 +1087,11 @@ def print_report(report: dict) -> None:
     c = report["correlation"]["overall"]
     console.print(f"Spearman (judge speed-up vs recorded torch_speedup): {_fmt(c['spearman'])} over {c['n']} "
                   f"records correct on both sides; geomean judge/recorded {_fmt(c['geomean_judge_over_recorded'])}")
+    c = report.get("compare")
+    if c:
+        console.print(f"against {c['folder']}: " + compare_sentence(c) + "".join(
+            f"\n  {x['key']}: {_fmt(x['ms'], 4)} vs {_fmt(x['other_ms'], 4)} ms ({_fmt(x['ratio'])}x)"
+            for x in c["apart"]))
     m = report.get("markers")
     if m and m["gated_timed_calls"]:
         console.print(marker_sentence(m) + "".join(f"\n  {x['key']}: {_fmt(x['ratio'])}x"
@@ -1087,6 +1129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float,
                    help="minutes: submit nothing new after this, withdraw what waits; a rerun goes on from there")
     p.add_argument("--report-only", action="store_true", help="judge nothing: report what OUT holds")
+    p.add_argument("--compare", type=Path, metavar="DIR",
+                   help="another output folder (the same records judged again, on another machine or "
+                        "with other settings): the report adds which verdicts differ and how the runtimes agree")
     p.add_argument("--rejudge", action="append", default=[], metavar="GLOB",
                    help="judge again the records whose key matches (e.g. 'l3_p15_*'; repeatable): their "
                         "verdicts are taken out of OUT/verdicts.jsonl first")
@@ -1159,6 +1204,8 @@ def main(argv: list[str] | None = None) -> int:
         config = judge_config(args)
         settings = settings_of(config)
         records = stratified_sample(corpus.records, args.sample, args.seed)
+        if args.compare is not None and not (args.compare / VERDICTS_FILE).is_file():
+            raise UsageError(f"--compare {args.compare}: no {VERDICTS_FILE} there")
         if args.prescreen:
             pre = prescreen(records, args.policy, args.near_factor)
             args.out.mkdir(parents=True, exist_ok=True)
@@ -1214,6 +1261,11 @@ def main(argv: list[str] | None = None) -> int:
             ncu_note = (f"{len(ncu)} correct solutions profiled (clock control off, L2 flushed before each "
                         f"forward, {args.ncu_forwards} forwards each)")
     report = build_report(corpus, records, results, explain, settings, args.near_factor, ncu, ncu_note)
+    if args.compare is not None:
+        keys = {r.key for r in records}
+        report["compare"] = {"folder": str(args.compare), **compare_runs(
+            {k: e for k, e in results.items() if k in keys},
+            {k: e for k, e in read_results(args.compare).items() if k in keys})}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity.json").write_text(json.dumps(report, indent=1))
     (args.out / "fidelity.md").write_text(markdown(report))

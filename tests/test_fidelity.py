@@ -812,3 +812,16 @@ def test_marker_summary_counts_calls_past_their_end_marker_and_stretched_runtime
     assert (m["gated_timed_calls"], m["past_end_marker"], m["past_end_marker_waited"]) == (6, 3, 2)
     assert m["stretched"] == [{"key": "a", "ratio": pytest.approx(1.5), "second_round": True}]
     assert "3 of 6 gated timed calls" in fid.marker_sentence(m)
+
+
+def test_compare_runs_names_other_verdicts_and_runtimes_apart():
+    def entry(correct, ms, source="gated"):
+        return {"verdict": {"correct": correct, "runtime": {"median_ms": ms, "source": source} if ms else None}}
+
+    mine = {"a": entry(True, 1.002), "b": entry(True, 0.065), "c": entry(False, None), "d": entry(True, 2.0)}
+    other = {"a": entry(True, 1.0), "b": entry(True, 0.049, "events"), "c": entry(True, 3.0), "e": entry(True, 1.0)}
+    c = fid.compare_runs(mine, other)
+    assert (c["both"], c["verdicts_differ"], c["timed_both"], c["within_close"]) == (3, ["c"], 2, 1)
+    assert [(x["key"], x["source"], x["other_source"]) for x in c["apart"]] == [("b", "gated", "events")]
+    assert c["apart"][0]["ratio"] == pytest.approx(0.065 / 0.049)
+    assert "3 records judged in both runs, 1 with another verdict" in fid.compare_sentence(c)
