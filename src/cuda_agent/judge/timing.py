@@ -25,6 +25,7 @@ to the candidate process); `reconcile` decides whether the candidate's own claim
 
 from __future__ import annotations
 
+import os
 import statistics
 from time import perf_counter as _perf_counter  # bound at import: rebinding time.perf_counter later changes nothing here
 
@@ -292,8 +293,6 @@ class CallTimer:
     def _run_delay_ms(self) -> float:
         """This thread's time spent waiting for a core so far (the kernel's schedstat), 0 where the
         kernel does not say. The file is opened once, on the thread that times the calls."""
-        import os
-
         if self._schedstat == -1:
             return 0.0
         try:
