@@ -75,7 +75,11 @@ class Session:
             if remaining <= 0:
                 if or_none:
                     return None
-                raise Stop(FC.TIMEOUT, f"{what} did not finish within its time limit")
+                # the process's memory at that moment says whether it was hoarding when stopped (a
+                # slow host can page in a hoard more slowly than the time limit allows)
+                raise Stop(FC.TIMEOUT, f"{what} did not finish within its time limit (the candidate "
+                                       f"process held {proc.rss_mb():.0f} MiB of host memory; limit "
+                                       f"{self.memory_limit_mb} MiB)")
             try:
                 return chan.recv(timeout=min(remaining, 0.25))
             except ChannelTimeout:
