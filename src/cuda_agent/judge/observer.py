@@ -37,14 +37,18 @@ SEALED = (
     ("torch.autograd.profiler", "_enable_record_function"),
 )
 
-# Ways between torch tensors and NumPy arrays: NumPy compute runs no ATen operator, so under the
-# strict policy each use is written into the record as an operator of its own, which the policy
-# refuses like any other compute that is not the candidate's.
+# Ways between torch tensors and NumPy arrays, Python lists or raw bytes, in bulk: compute done on
+# the far side (NumPy, Python) runs no ATen operator, so under the strict policy each use is written
+# into the record as an operator of its own, which the policy refuses like any other compute that
+# is not the candidate's.
 NUMPY_MARK = "cuda_agent::numpy_bridge"
 NUMPY_BRIDGES = (
     ("torch.Tensor", "numpy"), ("torch.Tensor", "__array__"), ("torch.Tensor", "__dlpack__"),
     ("torch", "from_numpy"), ("torch", "from_dlpack"), ("torch.utils.dlpack", "from_dlpack"),
     ("torch.utils.dlpack", "to_dlpack"), ("torch", "frombuffer"),
+    ("torch.Tensor", "tolist"), ("torch.UntypedStorage", "tolist"), ("torch.UntypedStorage", "from_buffer"),
+    ("torch.TypedStorage", "tolist"), ("torch.TypedStorage", "from_buffer"), ("torch", "asarray"),
+    ("torch", "save"), ("torch", "load"),
 )
 
 

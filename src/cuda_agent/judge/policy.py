@@ -41,7 +41,10 @@ ALLOWED_IMPORTS_LENIENT = ALLOWED_IMPORTS_STRICT | {"model", "numpy", "einops"}
 # policy), and the candidate's module gets a getattr that refuses special names at run time.
 BANNED_NAMES = {"eval", "exec", "compile", "__import__", "setattr", "delattr", "globals",
                 "locals", "vars", "open", "breakpoint", "memoryview", "__builtins__",
-                "__loader__", "__spec__", "type", "object"}
+                "__loader__", "__spec__", "type", "object",
+                # a class body's annotation dict written by hand gives dataclasses field names that
+                # are not identifiers, and the generated __init__ then runs them as code
+                "__annotations__"}
 # Private helpers of torch.nn.init and torch.nn.modules.utils that published models call to
 # initialise weights the way nn.Linear/nn.ConvNd do, or to normalise kernel-size arguments.
 ALLOWED_PRIVATE = {"_calculate_fan_in_and_fan_out", "_calculate_correct_fan", "_no_grad_uniform_",
@@ -54,7 +57,13 @@ FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "gi_frame", "tb_frame", "cr_fr
                "frame"}
 MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes", "subprocess", "threading",
                 "multiprocessing", "socket", "signal", "mmap", "marshal", "pickle", "shutil", "time",
-                "np"}
+                "np",
+                # standard modules torch's own modules hold under their usual names: frames
+                # (traceback.walk_stack, logging.currentframe), patching by dotted name
+                # (unittest.mock), files, processes and callbacks at collection time (weakref)
+                "traceback", "logging", "unittest", "tempfile", "zipfile", "tarfile", "glob", "pathlib",
+                "linecache", "copyreg", "dis", "python_multiprocessing", "contextvars", "concurrent",
+                "platform", "weakref", "pdb", "bdb", "runpy", "pkgutil", "zipimport", "faulthandler"}
 # PEP 263: the interpreter decodes a module by its coding declaration, the checker reads it as UTF-8
 _CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 ALLOWED_DUNDERS = {"__init__", "__name__"}
@@ -125,6 +134,7 @@ def check_python(source: str, policy: str) -> list[str]:
         out.append(f"line 1: a source encoding other than UTF-8 ('{encoding}') is not allowed: the judge checks "
                    f"the text as UTF-8, the interpreter would decode it otherwise")
     own_self = method_self_nodes(tree)
+    direct_callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
 
     def check_attr(node: ast.AST, owner: ast.AST, attr: str) -> None:
         if attr in ALLOWED_DUNDERS:
@@ -160,6 +170,10 @@ def check_python(source: str, policy: str) -> list[str]:
             elif node.func.id == "getattr" and strict and not (
                     node.args and isinstance(node.args[0], ast.Name) and id(node.args[0]) in own_self):
                 add(node, "getattr with a computed name on anything but a method's self is not allowed (strict policy)")
+        if strict and isinstance(node, ast.Name) and node.id in ("getattr", "hasattr") and \
+                id(node) not in direct_callees:
+            # `g = getattr` or `map(getattr, ...)`: the computed-name rule above reads direct calls only
+            add(node, f"'{node.id}' used other than in a direct call is not allowed (strict policy)")
         if strict and isinstance(node, ast.Name) and node.id == "self" and isinstance(node.ctx, (ast.Store, ast.Del)):
             add(node, "rebinding 'self' is not allowed (strict policy)")
         if isinstance(node, ast.Import):

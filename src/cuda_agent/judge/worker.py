@@ -55,13 +55,118 @@ _JUDGE_LIBRARIES: set[str] = set()
 
 def _native_allowed(filename: str, workdir_root: str) -> bool:
     real = os.path.realpath(filename)
-    if real in _JUDGE_LIBRARIES:
-        return True
+    return real in _JUDGE_LIBRARIES or _installed(real, workdir_root)
+
+
+def _installed(real: str, workdir_root: str) -> bool:
+    """Whether a resolved path lies in the Python/torch installation (never in the workspace)."""
     if real == workdir_root or real.startswith(workdir_root + os.sep):
         return False
     roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     roots |= _INSTALL_PATHS
     return any(real.startswith(r + os.sep) for r in roots)
+
+
+# The one compile of candidate source the audit hook lets through: (resolved path, exact bytes),
+# set by the worker just before it compiles the module the judge checked, and consumed by it.
+_EXPECTED_SOURCE: list[tuple[str, bytes]] = []
+
+
+def _same_as_file(data, path: str, skip: int = 0) -> bool:
+    """Whether `data` (bytes or text) is exactly what the file at `path` holds after `skip` bytes."""
+    try:
+        with open(path, "rb") as fh:
+            held = fh.read()[skip:]
+    except OSError:
+        return False
+    if isinstance(data, str):
+        try:
+            return data == held.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    try:
+        return bytes(data) == held
+    except TypeError:
+        return False
+
+
+def _is_importlib(code) -> bool:
+    name = code.co_filename
+    return name.startswith("<frozen importlib.") or name.endswith(
+        (os.path.join("importlib", "_bootstrap.py"), os.path.join("importlib", "_bootstrap_external.py")))
+
+
+def _in_library_import(frame, root: str) -> bool:
+    """Whether a compile comes from an installed module's own top level while importlib imports it
+    (mpmath, sympy and others generate functions as they load): every frame from the caller up
+    to that module's top level is code of the installation, so no candidate function (and no
+    string a candidate passed) stands between."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name or name.startswith("<") or not _installed(os.path.realpath(name), root):
+            return False
+        if frame.f_code.co_name == "<module>":
+            return frame.f_back is not None and _is_importlib(frame.f_back.f_code)
+        frame = frame.f_back
+    return False
+
+
+# Names no method a dataclass or namedtuple generates ever uses; one in generated text means a
+# field name carried code into it.
+_SMUGGLED = {"__import__", "exec", "eval", "compile", "open", "getattr", "setattr", "delattr", "globals",
+             "locals", "vars", "breakpoint", "__builtins__", "sys", "os"}
+
+
+def _smuggles(source) -> bool:
+    """Whether generated source imports something or names a way out of the policy."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, TypeError):
+        return True
+    return any(isinstance(n, (ast.Import, ast.ImportFrom)) or (isinstance(n, ast.Name) and n.id in _SMUGGLED)
+               for n in ast.walk(tree))
+
+
+
+def _code_source_refusal(event: str, args: tuple, caller, root: str, makers: dict) -> str | None:
+    """Why new code may not come into being here, or None where it may.
+
+    Once candidate code can run, the only Python that may be compiled is code the judge has read:
+    the candidate's module (once, the bytes it checked) and the installation's own files (lazy
+    imports, from source or from their bytecode caches, byte for byte as on disk). Everything else
+    (a string handed to a library that compiles it, such as torch.package's importer or a custom
+    importlib loader) is code no policy check has seen, so it is refused, with three exceptions that
+    compile nothing a candidate chooses: `ast.parse` (an AST only; compiling the AST is checked
+    again) and the generators of dataclasses and namedtuple methods, whose text is made of
+    identifiers (the source check refuses `__annotations__`, the one way to give them others)."""
+    if event == "code.__new__":
+        return "building code objects by hand"
+    if event == "compile":
+        source, filename = (args + (None, None))[:2]
+        name = os.fsdecode(filename) if isinstance(filename, (str, bytes)) else ""
+        real = os.path.realpath(name) if name and not name.startswith("<") else ""
+        if _EXPECTED_SOURCE and (real, source) == _EXPECTED_SOURCE[0]:
+            _EXPECTED_SOURCE.clear()
+            return None
+        if real and _installed(real, root) and _same_as_file(source, real):
+            return None
+        if _in_library_import(caller, root):
+            return None
+        if caller is not None and caller.f_code in makers:
+            if makers[caller.f_code] == "parse" or not _smuggles(source):
+                return None
+            return "generated code that imports or reaches the interpreter"
+        return f"compiling code the judge did not check ({name[:80] or type(source).__name__})"
+    # marshal.loads / marshal.load: importlib reading a bytecode cache of the installation
+    code = caller.f_code if caller is not None else None
+    if code is not None and code.co_name == "_compile_bytecode" and _is_importlib(code):
+        path = caller.f_locals.get("bytecode_path")
+        if isinstance(path, str) and _installed(os.path.realpath(path), root) \
+                and args and _same_as_file(args[0], os.path.realpath(path), skip=16):
+            return None
+    return "loading marshalled code"
 
 
 # Import paths of the installation (user site, PYTHONPATH), taken before candidate code runs.
@@ -83,6 +188,15 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
     root = os.path.realpath(workdir)
     _INSTALL_PATHS.update(os.path.realpath(p) for p in sys.path if os.path.isabs(p) and os.path.isdir(p)
                           and not (os.path.realpath(p) + os.sep).startswith(root + os.sep))
+    import ast
+    import collections
+    import dataclasses
+
+    # the code generators whose compiles are let through (see _code_source_refusal); compared by
+    # code object, which rebinding a module attribute cannot forge
+    makers = {ast.parse.__code__: "parse", dataclasses._create_fn.__code__: "generate",
+              collections.namedtuple.__code__: "generate"}
+    code_events = {"compile", "code.__new__", "marshal.loads", "marshal.load"}
 
     def inside(path) -> bool:
         if isinstance(path, int):
@@ -97,6 +211,12 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
         if event in deny:
             blocked.append(event)
             raise _Blocked(f"{event} is not allowed in the judge's sandbox")
+        if event in code_events:
+            why = _code_source_refusal(event, args, sys._getframe(1), root, makers)
+            if why is not None:
+                blocked.append(why)
+                raise _Blocked(f"{why} is not allowed in the judge's sandbox")
+            return
         if event == "import" and len(args) > 1 and isinstance(args[1], str) \
                 and not args[1].endswith((".py", ".pyc")) and not _native_allowed(args[1], root):
             # an extension module (native code) the judge did not build or install
@@ -135,23 +255,46 @@ _FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "f_builtins", "f_code", "gi_f
                 "tb_frame", "tb_next", "gi_code", "cr_code"}
 
 
-def _guarded_getattr(blocked: list[str]):
-    """getattr for candidate modules: special names (`__globals__`, `__subclasses__`, frames) are
-    refused whatever string built them; the source check only sees literal names."""
+def _guarded_getattr(blocked: list[str], policy: str = "strict"):
+    """getattr for candidate modules, whatever string built the name and however the function is
+    passed around (`g = getattr`, `map(getattr, ...)`): the source check only sees literal names
+    in direct calls. Refused: special names (`__globals__`, `__subclasses__`), frames, private
+    names of modules and classes (`torch._C`, a library's `_utils`), and modules the policy does
+    not let the candidate import (`torch.storage.np`: NumPy)."""
+    import types
+
+    from .policy import ALLOWED_IMPORTS_LENIENT, ALLOWED_IMPORTS_STRICT, ALLOWED_PRIVATE
+
+    allowed = ALLOWED_IMPORTS_STRICT if policy == "strict" else ALLOWED_IMPORTS_LENIENT
     real = getattr
 
+    def refuse(name: str):
+        blocked.append(f"getattr(..., {name[:60]!r})")
+        raise _Blocked(f"getattr of {name[:60]!r} is not allowed in the judge's sandbox")
+
     def getattr_(obj, name, *default):
-        if isinstance(name, str) and ((name.startswith("__") and name.endswith("__")
-                                       and name not in ("__name__", "__init__")) or name in _FRAME_ATTRS):
-            blocked.append(f"getattr(..., {name[:60]!r})")
-            raise _Blocked(f"getattr of {name[:60]!r} is not allowed in the judge's sandbox")
-        return real(obj, name, *default)
+        if isinstance(name, str):
+            if (name.startswith("__") and name.endswith("__") and name not in ("__name__", "__init__")) \
+                    or name in _FRAME_ATTRS:
+                refuse(name)
+            if name.startswith("_") and name not in ALLOWED_PRIVATE and isinstance(obj, (types.ModuleType, type)):
+                refuse(name)
+        found = real(obj, name, *default)
+        if isinstance(found, types.ModuleType) and not _module_allowed(found.__name__, allowed):
+            refuse(name)
+        return found
 
     getattr_.__name__ = "getattr"
     return getattr_
 
 
-def _candidate_namespace(module, reference, blocked: list[str]) -> None:
+def _module_allowed(name: str, allowed: set[str]) -> bool:
+    """A module the candidate may hold: one it may import, or a public part of torch."""
+    parts = name.split(".")
+    return name in allowed or (parts[0] == "torch" and not any(p.startswith("_") for p in parts))
+
+
+def _candidate_namespace(module, reference, blocked: list[str], policy: str = "strict") -> None:
     """KernelBench executes a solution in the namespace where the reference module ran, so
     published solutions use its globals (`batch_size`, helper functions) without defining them.
     The candidate module starts with those names; whatever it defines itself replaces them."""
@@ -159,7 +302,7 @@ def _candidate_namespace(module, reference, blocked: list[str]) -> None:
         for name, value in vars(reference).items():
             if name not in _MODULE_OWN:
                 module.__dict__.setdefault(name, value)
-    module.__dict__["getattr"] = _guarded_getattr(blocked)
+    module.__dict__["getattr"] = _guarded_getattr(blocked, policy)
 
 
 _WATCHED = ("time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.monotonic_ns", "time.time",
@@ -348,12 +491,20 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         reply_error(ErrorCategory.LOAD, f"loading the workspace library failed:\n{_trim_traceback(exc)}")
         return 1
     try:
-        spec = importlib.util.spec_from_file_location("model_new", init["candidate_path"])
+        path = init["candidate_path"]
+        spec = importlib.util.spec_from_file_location("model_new", path)
         module = importlib.util.module_from_spec(spec)
         if not init.get("trusted"):
-            _candidate_namespace(module, sys.modules.get("model"), blocked)
+            _candidate_namespace(module, sys.modules.get("model"), blocked, init.get("policy", "strict"))
         sys.modules["model_new"] = module
-        spec.loader.exec_module(module)
+        # Compiled here from the bytes read once, which the audit hook lets through exactly once:
+        # no other candidate source is ever compiled in this process (_code_source_refusal).
+        with open(path, "rb") as fh:
+            source = fh.read()
+        _EXPECTED_SOURCE[:] = [(os.path.realpath(path), source)]
+        code = compile(source, path, "exec", dont_inherit=True)
+        _EXPECTED_SOURCE.clear()
+        exec(code, module.__dict__)
     except BaseException as exc:
         reply_error(ErrorCategory.LOAD, f"importing the candidate failed:\n{_trim_traceback(exc)}")
         return 1
