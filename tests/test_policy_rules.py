@@ -71,3 +71,29 @@ def test_python_from_cpp_under_any_namespace_name_and_sections_of_its_own():
     honest = ('#include <torch/extension.h>\nint section_count = 2;\n'
               'torch::Tensor f(torch::Tensor x) { return torch::empty_like(x); }\n')
     assert check_cpp(honest, "x.cpp", "strict") == []
+
+
+def test_getattr_passed_around_as_a_value_is_refused_under_strict():
+    for line in ("g = getattr", "reach = list(map(getattr, [x], ['shape']))", "has = hasattr",
+                 "f = functools.reduce(getattr, ['a'], x)"):
+        src = f"import functools\nimport torch\n\ndef helper(x):\n    {line}\n    return x\n"
+        found = check_python(src, "strict")
+        assert any("other than in a direct call" in f for f in found), (line, found)
+    direct = "import torch\n\nclass ModelNew:\n    def forward(self, x):\n        return getattr(self, 'w') if hasattr(self, 'w') else x\n"
+    assert check_python(direct, "strict") == []
+
+
+def test_torch_compilers_are_refused_under_strict_only():
+    for line in ("f = torch.jit.script(g)", "m = torch.compile(g)", "from torch import jit",
+                 "g = torch.fx.symbolic_trace(m)", "e = torch.export.export(m, ())"):
+        src = f"import torch\n\ndef g(x):\n    return x\n\n{line}\n"
+        strict = check_python(src, "strict")
+        assert any("generate kernels" in f for f in strict), (line, strict)
+        assert not any("generate kernels" in f for f in check_python(src, "lenient")), line
+
+
+def test_a_hand_written_annotations_dict_is_refused():
+    src = ("from dataclasses import dataclass\n\n@dataclass\nclass C:\n"
+           "    __annotations__ = {'x=0\\n  import os\\n  self.y': int}\n")
+    for policy in ("strict", "lenient"):
+        assert any("'__annotations__'" in f for f in check_python(src, policy)), policy

@@ -64,6 +64,10 @@ MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes",
                 "traceback", "logging", "unittest", "tempfile", "zipfile", "tarfile", "glob", "pathlib",
                 "linecache", "copyreg", "dis", "python_multiprocessing", "contextvars", "concurrent",
                 "platform", "weakref", "pdb", "bdb", "runpy", "pkgutil", "zipimport", "faulthandler"}
+# PyTorch's own compilers: TorchScript (whose fusers run kernels of their own, without a dispatched
+# operator once a warm-up has profiled the graph), torch.compile, torch.fx and torch.export. None
+# of them is the candidate's kernel, so the strict policy refuses reaching them at all.
+TORCH_COMPILERS = {"jit", "compile", "fx", "export", "_dynamo", "_inductor"}
 # PEP 263: the interpreter decodes a module by its coding declaration, the checker reads it as UTF-8
 _CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 ALLOWED_DUNDERS = {"__init__", "__name__"}
@@ -174,6 +178,10 @@ def check_python(source: str, policy: str) -> list[str]:
                 id(node) not in direct_callees:
             # `g = getattr` or `map(getattr, ...)`: the computed-name rule above reads direct calls only
             add(node, f"'{node.id}' used other than in a direct call is not allowed (strict policy)")
+        if strict and ((isinstance(node, ast.Attribute) and node.attr in TORCH_COMPILERS) or (
+                isinstance(node, ast.ImportFrom) and any(a.name in TORCH_COMPILERS for a in node.names))):
+            add(node, "TorchScript, torch.compile, torch.fx and torch.export generate kernels that are not the "
+                      "candidate's (strict policy)")
         if strict and isinstance(node, ast.Name) and node.id == "self" and isinstance(node.ctx, (ast.Store, ast.Del)):
             add(node, "rebinding 'self' is not allowed (strict policy)")
         if isinstance(node, ast.Import):
