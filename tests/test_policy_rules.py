@@ -97,3 +97,27 @@ def test_a_hand_written_annotations_dict_is_refused():
            "    __annotations__ = {'x=0\\n  import os\\n  self.y': int}\n")
     for policy in ("strict", "lenient"):
         assert any("'__annotations__'" in f for f in check_python(src, policy)), policy
+
+
+def test_python_is_out_of_reach_from_cpp_however_pybind11_is_named():
+    binding = 'REGISTER_BINDING(f, [](pybind11::module_& m) { m.def("f", &f, py::arg("x"), py::call_guard<py::gil_scoped_release>()); });\n'
+    honest = binding + "int py = 0; cudaFuncAttributes attr; int n = attr.maxThreadsPerBlock; float Py = 1.0f;\n"
+    for policy in ("strict", "lenient"):
+        assert check_cpp(honest, "ok.cpp", policy) == [], policy
+    dodges = {
+        "free getattr": "auto np = getattr(m, which);",
+        "type alias and static import": "using M = pybind11::module_; auto np = M::import(which);",
+        "decltype": "auto np = std::remove_reference_t<decltype(m)>::import(which);",
+        "member pointer to attr": "auto a = &std::remove_reference_t<decltype(m)>::attr;",
+        "namespace alias": "namespace q = pybind11; q::module_ x;",
+        "using-directive": "using namespace py; object o;",
+        "macro": "#define Q pybind11\nQ::object o;",
+        "other pybind11 names": "py::object o = py::none(); py::dict d;",
+        "C-API": "PyObject* p = m.ptr(); Py_INCREF(p);",
+        "IValue to Python": "auto o = v.toPyObject();",
+        "THP": "auto o = THPVariable_Wrap(t);",
+        "borrowed handle": "auto o = reinterpret_borrow<decltype(m)>(p);",
+    }
+    for what, line in dodges.items():
+        found = check_cpp(line + "\n", "x.cpp", "lenient")
+        assert any("Python C-API" in f or "pybind11 beyond" in f for f in found), (what, found)

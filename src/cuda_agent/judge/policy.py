@@ -326,10 +326,19 @@ _CPP_ALWAYS = [
     (r"\bcu(da)?Event\w*|\bcu(da)?Ipc\w*|\bcupti\w*|\bcudaProfiler\w*|\bnvtx\w*", "timers/profilers/IPC"),
     (r"\bcudaMallocManaged\b|\bcuMemAllocManaged\b|\bcudaDeviceReset\b|\bcudaDeviceSetLimit\b", "device-wide state"),
     (r"__attribute__\s*\(\s*\(\s*(constructor|destructor)|\binit_priority\b", "static constructors"),
-    # Python reached from C++: whatever the namespace is called (`namespace q = pybind11;`), and
-    # attributes of Python objects passed in (`m.attr("np")`).
-    (r"PyRun_\w*|PyImport_\w*|PyEval_\w*|PyObject_(Set|Get|Call)\w*|\bmodule_?\s*::\s*import\b"
-     r"|\b\w+\s*::\s*(eval|exec|globals|eval_file)\b|\bimport\s*\(\s*\"|\.\s*attr\s*\(", "the Python C-API"),
+    # Python reached from C++. A binding needs pybind11 only to define functions (`m.def`), while its
+    # templates link the C-API that imports, gets attributes and calls (so the import table cannot
+    # tell): every C-API or THP name, the pybind11 functions that reach Python objects by name
+    # (even through argument-dependent lookup, a type alias or a member-function pointer), and
+    # attributes of Python objects (`m.attr("np")`).
+    (r"\b_?Py_?[A-Z]\w*|\w*PyObject\w*|\bTHP\w*|\b(import|getattr|hasattr|setattr|delattr|globals|eval|exec"
+     r"|eval_file|reinterpret_borrow|reinterpret_steal)\b|(\.|->|::)\s*attr\b", "the Python C-API"),
+    # pybind11 by name: only what declares a binding; no other name for the namespace (an alias, a
+    # using-directive, a macro), since the check reads names as written
+    (r"\b(?:py|pybind11)\s*::\s*(?!(?:module_|module|arg|arg_v|kw_only|pos_only|call_guard|gil_scoped_release"
+     r"|gil_scoped_acquire|return_value_policy|overload_cast|const_|none|ssize_t|detail::overload_cast_impl)\b)\w+"
+     r"|\bnamespace\s+\w+\s*=\s*(::\s*)?(py|pybind11)\b|\busing\s+namespace\s+(::\s*)?(py|pybind11)\b"
+     r"|#\s*define\b[^\n]*\b(py|pybind11)\b", "pybind11 beyond declaring the binding"),
     (r"##", "token pasting"),
     (r"#\s*include\s*[<\"](/|\.\./)", "includes outside the workspace"),
     # <cstdio>/<stdio.h> stay allowed (printf in kernels and host code): their file functions are
