@@ -111,10 +111,10 @@ def _in_library_import(frame, root: str) -> bool:
     return False
 
 
-# Names no method a dataclass or namedtuple generates ever uses; one in generated text means a
-# field name carried code into it.
-_SMUGGLED = {"__import__", "exec", "eval", "compile", "open", "getattr", "setattr", "delattr", "globals",
-             "locals", "vars", "breakpoint", "__builtins__", "sys", "os"}
+# Names no method a dataclass or namedtuple generates uses, short of a field so named; one in
+# generated text means a field name carried code into it.
+_SMUGGLED = {"__import__", "exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals",
+             "vars", "breakpoint", "__builtins__"}
 
 
 def _smuggles(source) -> bool:
