@@ -1,6 +1,7 @@
-"""The audit hook's rule on new code (worker._code_source_refusal): once candidate code can run, only
-what the judge read may be compiled. Each case runs in a fresh interpreter, since an audit hook
-cannot be removed from a process."""
+"""Candidate code where the judge does not look: code compiled from anything the judge did not read
+(the audit hook's rule, worker._code_source_refusal; each case runs in a fresh interpreter, since
+an audit hook cannot be removed from a process), and candidate code left to run inside the
+harness's own work (worker._escapes)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,31 @@ def test_a_loader_that_passes_off_other_bytes_as_an_installed_file_is_refused():
         assert refused(lambda: spec.loader.exec_module(module))
         assert not hasattr(module, "FORGED")
     """)
+
+
+def test_modes_left_active_and_outputs_that_run_code_are_escapes():
+    import torch
+
+    from cuda_agent.judge.worker import _escapes
+
+    assert _escapes(torch) == []
+    assert _escapes(torch, (torch.ones(2), [1, 2.0, None, "x"], {"k": torch.nn.Parameter(torch.ones(1))})) == []
+
+    class Sub(torch.Tensor):
+        pass
+
+    class Box(list):
+        pass
+
+    tagged = torch.ones(2)
+    tagged.note = "hidden state"
+    for out, word in ((torch.ones(2).as_subclass(Sub), "Sub"), ([Box()], "Box"), ((tagged,), "attributes")):
+        found = _escapes(torch, out)
+        assert len(found) == 1 and word in found[0], found
+    with torch.overrides.TorchFunctionMode():
+        assert any("torch function mode" in f for f in _escapes(torch))
+    assert _escapes(torch) == []
+    carrier = torch.ones(2)
+    assert _escapes(torch, torch.ones(1), [torch.ones(2), carrier]) == []
+    carrier.keeper = object()
+    assert any("input tensor" in f for f in _escapes(torch, torch.ones(1), [torch.ones(2), carrier]))

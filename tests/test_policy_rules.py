@@ -121,3 +121,11 @@ def test_python_is_out_of_reach_from_cpp_however_pybind11_is_named():
     for what, line in dodges.items():
         found = check_cpp(line + "\n", "x.cpp", "lenient")
         assert any("Python C-API" in f or "pybind11 beyond" in f for f in found), (what, found)
+
+
+def test_finalisers_are_refused_they_run_on_the_interpreters_schedule():
+    for name in ("__del__", "__exit__"):
+        src = f"import torch\n\nclass Keeper:\n    def {name}(self, *args):\n        pass\n"
+        for policy in ("strict", "lenient"):
+            assert any(f"defining '{name}'" in f for f in check_python(src, policy)), (name, policy)
+    assert check_python("import torch\n\nclass Keeper:\n    def __enter__(self):\n        return self\n", "lenient") == []

@@ -64,6 +64,9 @@ MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes",
                 "traceback", "logging", "unittest", "tempfile", "zipfile", "tarfile", "glob", "pathlib",
                 "linecache", "copyreg", "dis", "python_multiprocessing", "contextvars", "concurrent",
                 "platform", "weakref", "pdb", "bdb", "runpy", "pkgutil", "zipimport", "faulthandler"}
+# Methods the interpreter calls on its own schedule (an object's death, a generator dropped while
+# suspended inside a `with` block), not when the candidate's forward calls them.
+FINALISERS = {"__del__", "__exit__", "__aexit__"}
 # PyTorch's own compilers: TorchScript (whose fusers run kernels of their own, without a dispatched
 # operator once a warm-up has profiled the graph), torch.compile, torch.fx and torch.export. None
 # of them is the candidate's kernel, so the strict policy refuses reaching them at all.
@@ -182,6 +185,9 @@ def check_python(source: str, policy: str) -> list[str]:
                 isinstance(node, ast.ImportFrom) and any(a.name in TORCH_COMPILERS for a in node.names))):
             add(node, "TorchScript, torch.compile, torch.fx and torch.export generate kernels that are not the "
                       "candidate's (strict policy)")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in FINALISERS:
+            add(node, f"defining '{node.name}' is not allowed: it runs when its object dies or its generator "
+                      f"is dropped, which can be inside the judge's own work, outside the call's clock and observer")
         if strict and isinstance(node, ast.Name) and node.id == "self" and isinstance(node.ctx, (ast.Store, ast.Del)):
             add(node, "rebinding 'self' is not allowed (strict policy)")
         if isinstance(node, ast.Import):

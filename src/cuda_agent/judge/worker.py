@@ -248,6 +248,8 @@ def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
     sys.addaudithook(hook)
 
 
+_NOTHING = object()  # `_escapes` without outputs to check
+
 # Names every module gets from the import system; the candidate keeps its own.
 _MODULE_OWN = {"__name__", "__file__", "__spec__", "__loader__", "__package__", "__builtins__", "__cached__",
                "__doc__", "__path__"}
@@ -335,6 +337,47 @@ def _numeric_flags(torch) -> dict:
     for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         flags[f"cuda.matmul.{name}"] = str(getattr(b.cuda.matmul, name, None))
     return flags
+
+
+def _escapes(torch, out=_NOTHING, inputs=()) -> list[str]:
+    """Ways candidate code would run inside the harness's own work, outside the call's clock and
+    observer: a torch function or dispatch mode left on its stack (kept entered by a suspended
+    generator, say) intercepts every torch call the harness makes (unpacking inputs, moving
+    parameters, packing outputs); an output that is not a plain tensor, scalar or container runs
+    its own methods while it is packed; and an object hung on an input or output tensor dies with
+    it when the harness lets go of it (unpacking the next call's inputs), so a finaliser of its
+    would run then, with the next inputs already in place."""
+    found = []
+    if torch._C._len_torch_function_stack():
+        found.append("a torch function mode left active outside forward")
+    if torch._C._len_torch_dispatch_stack():
+        found.append("a torch dispatch mode left active outside forward")
+    if out is not _NOTHING:
+        what = _foreign_output(torch, out, 0)
+        if what:
+            found.append(f"forward returned {what} (its own code would run while the judge reads it)")
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and vars(t):
+            found.append("forward hung attributes on an input tensor (they outlive the call into the judge's own "
+                         "work)")
+            break
+    return found
+
+
+def _foreign_output(torch, value, depth: int) -> str | None:
+    kind = type(value)
+    if kind is torch.Tensor or kind is torch.nn.Parameter:
+        return "a tensor carrying attributes of its own" if vars(value) else None
+    if value is None or kind in (bool, int, float, str):
+        return None
+    if kind in (list, tuple, dict) and depth < 16:
+        items = [x for pair in value.items() for x in pair] if kind is dict else value
+        for item in items:
+            found = _foreign_output(torch, item, depth + 1)
+            if found:
+                return found
+        return None
+    return f"an object of type {kind.__name__}"
 
 
 def warm_dispatch(torch) -> None:
@@ -551,6 +594,11 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         op = msg.get("op")
         if op == "exit":
             return 0
+        escaped = _escapes(torch)
+        if escaped:  # before any of the harness's own torch calls of this request
+            blocked.extend(escaped)
+            reply_error(ErrorCategory.RUNTIME, escaped[0])
+            return 1
         if op == "prepare":
             # Untimed: cold caches, and allocator blocks full of NaN bytes so unwritten outputs show.
             # The inputs are not known yet, so no work can be done ahead of the timed request.
@@ -632,6 +680,11 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 if release is not None and not told:
                     chan.send({"ok": True, "op": "enqueued", "early": timer.enqueued()})
                 inside_ms = timer.stop()
+            escaped = _escapes(torch, out, leaves(inputs))
+            if escaped:  # nothing more of the harness runs: no profiler, no packing
+                blocked.extend(escaped)
+                reply_error(ErrorCategory.RUNTIME, escaped[0])
+                return 1
             observer.sentinel()
             ops = observer.take(token)
             if prof is not None:
