@@ -251,6 +251,21 @@ def test_candidate_module_sees_reference_globals_and_its_own_names_win():
     assert blocked and "__globals__" in blocked[0]
 
 
+def test_the_strict_namespace_leaves_out_what_the_candidate_could_not_import():
+    from cuda_agent.judge.worker import _candidate_namespace
+
+    reference = types.ModuleType("model")
+    exec("import math\nimport numpy as np\nfrom numpy import log2\nimport torch\nbatch_size = 8\n"
+         "def helper(x):\n    return x\n", reference.__dict__)
+    seen = {}
+    for policy in ("strict", "lenient"):
+        candidate = types.ModuleType("model_new")
+        _candidate_namespace(candidate, reference, [], policy)
+        seen[policy] = set(vars(candidate))
+    assert {"math", "torch", "batch_size", "helper"} <= seen["strict"] and not {"np", "log2"} & seen["strict"]
+    assert {"np", "log2", "helper"} <= seen["lenient"]
+
+
 # -- C++ sources ----------------------------------------------------------------------------------
 
 def test_cpp_stdio_printf_and_tensor_clone_are_fine():

@@ -299,11 +299,26 @@ def _module_allowed(name: str, allowed: set[str]) -> bool:
 def _candidate_namespace(module, reference, blocked: list[str], policy: str = "strict") -> None:
     """KernelBench executes a solution in the namespace where the reference module ran, so
     published solutions use its globals (`batch_size`, helper functions) without defining them.
-    The candidate module starts with those names; whatever it defines itself replaces them."""
+    The candidate module starts with those names; whatever it defines itself replaces them, and
+    modules it could not import itself (a task's `import numpy as np` under the strict policy) are
+    left out, with what came from them."""
+    import types
+
+    from .policy import ALLOWED_IMPORTS_LENIENT, ALLOWED_IMPORTS_STRICT
+
+    allowed = ALLOWED_IMPORTS_STRICT if policy == "strict" else ALLOWED_IMPORTS_LENIENT
     if reference is not None:
         for name, value in vars(reference).items():
-            if name not in _MODULE_OWN:
-                module.__dict__.setdefault(name, value)
+            if name in _MODULE_OWN:
+                continue
+            origin = value.__name__ if isinstance(value, types.ModuleType) else \
+                getattr(value, "__module__", None) or type(value).__module__
+            root = origin.split(".")[0] if isinstance(origin, str) else ""
+            if isinstance(value, types.ModuleType) and not _module_allowed(value.__name__, allowed):
+                continue
+            if root not in ("torch", "builtins", "model", reference.__name__) and root not in allowed:
+                continue  # NumPy's functions and the like: compute that is not torch's
+            module.__dict__.setdefault(name, value)
     module.__dict__["getattr"] = _guarded_getattr(blocked, policy)
 
 
