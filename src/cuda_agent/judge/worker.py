@@ -129,7 +129,6 @@ def _smuggles(source) -> bool:
                for n in ast.walk(tree))
 
 
-
 def _code_source_refusal(event: str, args: tuple, caller, root: str, makers: dict) -> str | None:
     """Why new code may not come into being here, or None where it may.
 
@@ -137,10 +136,11 @@ def _code_source_refusal(event: str, args: tuple, caller, root: str, makers: dic
     the candidate's module (once, the bytes it checked) and the installation's own files (lazy
     imports, from source or from their bytecode caches, byte for byte as on disk). Everything else
     (a string handed to a library that compiles it, such as torch.package's importer or a custom
-    importlib loader) is code no policy check has seen, so it is refused, with three exceptions that
-    compile nothing a candidate chooses: `ast.parse` (an AST only; compiling the AST is checked
-    again) and the generators of dataclasses and namedtuple methods, whose text is made of
-    identifiers (the source check refuses `__annotations__`, the one way to give them others)."""
+    importlib loader) is code no policy check has seen, so it is refused, except where no candidate
+    chooses the text: an installed module generating code at its own top level while it is
+    imported, `ast.parse` (an AST only; compiling the AST is checked again), and the generators of
+    dataclass and namedtuple methods, whose text is made of identifiers (the source check refuses
+    `__annotations__`, the one way to give them others, and the text is read for smuggled names)."""
     if event == "code.__new__":
         return "building code objects by hand"
     if event == "compile":
