@@ -129,3 +129,17 @@ def test_finalisers_are_refused_they_run_on_the_interpreters_schedule():
         for policy in ("strict", "lenient"):
             assert any(f"defining '{name}'" in f for f in check_python(src, policy)), (name, policy)
     assert check_python("import torch\n\nclass Keeper:\n    def __enter__(self):\n        return self\n", "lenient") == []
+
+
+def test_the_corpus_benchmark_reads_the_bundled_code_and_compares_runs(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "policy_corpus.py"
+    out = tmp_path / "now.json"
+    first = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
+    assert first.returncode == 0 and "lenient: 0 of" in first.stdout, first.stdout + first.stderr
+    again = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "again.json"), "--compare", str(out)],
+                           capture_output=True, text=True)
+    assert again.returncode == 0 and "0 verdicts differ" in again.stdout, again.stdout + again.stderr
