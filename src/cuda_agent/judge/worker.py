@@ -535,6 +535,12 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         missing = [] if install_seccomp() else ["seccomp filter (refused by the kernel or not x86-64)"]
         _install_audit_hook(workdir, blocked)
         audit_hook = True
+        # No cyclic collection from here on: it would run finalisers and weak-reference callbacks of
+        # the candidate's garbage at whatever allocation triggers it, the harness's own included,
+        # outside any call. Reference counting still frees everything that is not in a cycle.
+        import gc
+
+        gc.disable()
         missing += missing_in_self(init.get("require") or {})
         if missing:
             # The judge checks the same from its side (before start, and the kernel's record after
@@ -603,6 +609,10 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
 
     poison_bytes = int(init.get("poison_bytes", 0))
     inputs: list = []
+    # The last call's inputs, kept until the next call's clock and observer run: whatever dies with
+    # them (a weak reference's callback, a finaliser) then runs inside that call, not before it,
+    # when the next inputs are already in place.
+    held: list = []
     poisoned = None  # with `touch`: the poisoned block, held until its pages are touched
     while True:
         msg = chan.recv()
@@ -653,6 +663,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         try:
             # Views of the judge's memory (the GPU region, or on the CPU the host plane), so any
             # write to them shows there; only CUDA over the host plane needs the echo.
+            held.append(inputs)
             inputs = unpack(msg["inputs"], calls, 0, plane.in_size, device, share=device == "cpu")
             release = msg.get("release") if device == "cuda" else None
             release = int(release) if isinstance(release, int) and not isinstance(release, bool) else None
@@ -691,6 +702,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                     timer.wait_release(release)
                     told = True
                     timer.start()
+                held.clear()  # the last call's inputs and outputs die here, inside this call
+                out = outs = None
                 out = model(*inputs)
                 if release is not None and not told:
                     chan.send({"ok": True, "op": "enqueued", "early": timer.enqueued()})
