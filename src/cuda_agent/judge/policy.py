@@ -35,6 +35,12 @@ ALLOWED_IMPORTS_STRICT = {"torch", "torch.nn", "torch.nn.functional", "torch.uti
                           "collections.abc", "torch.nn.init", "torch.nn.modules.utils", "torch.nn.parameter",
                           "operator", "itertools", "collections"}
 ALLOWED_IMPORTS_LENIENT = ALLOWED_IMPORTS_STRICT | {"model", "numpy", "einops"}
+
+
+def allowed_imports(policy: str) -> set[str]:
+    """The modules a candidate may import (and, in the worker, hold) under `policy`."""
+    return ALLOWED_IMPORTS_STRICT if policy == "strict" else ALLOWED_IMPORTS_LENIENT
+
 # Builtins that run code the AST cannot see, reach the interpreter's namespaces or change objects
 # by a computed name. `getattr` is not among them: it is checked where it is called (a literal
 # name like any attribute; a computed one only on the candidate's own `self` under the strict
@@ -130,7 +136,7 @@ def check_python(source: str, policy: str) -> list[str]:
     """Violations in a candidate module (assumes it parses; syntax errors are reported elsewhere)."""
     tree = pysource.parse(source)
     strict = policy == "strict"
-    allowed_imports = ALLOWED_IMPORTS_STRICT if strict else ALLOWED_IMPORTS_LENIENT
+    importable = allowed_imports(policy)
     out: list[str] = []
 
     def add(node: ast.AST, what: str) -> None:
@@ -192,11 +198,11 @@ def check_python(source: str, policy: str) -> list[str]:
             add(node, "rebinding 'self' is not allowed (strict policy)")
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name not in allowed_imports:
+                if alias.name not in importable:
                     add(node, f"import of '{alias.name}' is not allowed")
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
-            if node.level or mod not in allowed_imports:
+            if node.level or mod not in importable:
                 if not (mod == "torch.utils.cpp_extension"):
                     add(node, f"import from '{'.' * node.level}{mod}' is not allowed")
             if any(a.name.startswith("_") and a.name not in ALLOWED_PRIVATE for a in node.names):

@@ -163,8 +163,8 @@ def _code_source_refusal(event: str, args: tuple, caller, root: str, makers: dic
     code = caller.f_code if caller is not None else None
     if code is not None and code.co_name == "_compile_bytecode" and _is_importlib(code):
         path = caller.f_locals.get("bytecode_path")
-        if isinstance(path, str) and _installed(os.path.realpath(path), root) \
-                and args and _same_as_file(args[0], os.path.realpath(path), skip=16):
+        real = os.path.realpath(path) if isinstance(path, str) else ""
+        if real and _installed(real, root) and args and _same_as_file(args[0], real, skip=16):
             return None
     return "loading marshalled code"
 
@@ -265,9 +265,9 @@ def _guarded_getattr(blocked: list[str], policy: str = "strict"):
     not let the candidate import (`torch.storage.np`: NumPy)."""
     import types
 
-    from .policy import ALLOWED_IMPORTS_LENIENT, ALLOWED_IMPORTS_STRICT, ALLOWED_PRIVATE
+    from .policy import ALLOWED_PRIVATE, allowed_imports
 
-    allowed = ALLOWED_IMPORTS_STRICT if policy == "strict" else ALLOWED_IMPORTS_LENIENT
+    allowed = allowed_imports(policy)
     real = getattr
 
     def refuse(name: str):
@@ -304,9 +304,9 @@ def _candidate_namespace(module, reference, blocked: list[str], policy: str = "s
     left out, with what came from them."""
     import types
 
-    from .policy import ALLOWED_IMPORTS_LENIENT, ALLOWED_IMPORTS_STRICT
+    from .policy import allowed_imports
 
-    allowed = ALLOWED_IMPORTS_STRICT if policy == "strict" else ALLOWED_IMPORTS_LENIENT
+    allowed = allowed_imports(policy)
     if reference is not None:
         for name, value in vars(reference).items():
             if name in _MODULE_OWN:
