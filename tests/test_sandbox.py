@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -310,3 +311,108 @@ def test_the_memory_watchdog_stops_a_process_over_its_limit_while_the_judge_wait
     finally:
         proc.kill()
         proc.cleanup()
+
+
+# ---------------------------------------------------------------------------------------------
+# Landlock: what keeps a candidate of the judge's own uid (a judge that is not root) out of the
+# judge's files and every file outside its workdir, C and libtorch's own file access included.
+
+needs_landlock = pytest.mark.skipif(sb.landlock_abi() < 1, reason="this kernel offers no Landlock")
+
+CONFINED = textwrap.dedent("""
+    import json, os, sys
+    from cuda_agent.judge import sandbox as sb
+    sb.install_landlock(json.loads(sys.argv[1]))
+    report = {}
+    import torch
+    report["torch"] = torch.__version__
+    os.chdir(WORKDIR)
+
+    def attempt(name, fn):
+        try:
+            report[name] = ["ok", repr(fn())[:200]]
+        except Exception as exc:
+            report[name] = ["refused", type(exc).__name__]
+
+    attempt("read_cache_file", lambda: open(os.path.join(CACHE, "secret.txt")).read())
+    attempt("list_work_root", lambda: os.listdir(WORK))
+    attempt("other_run", lambda: os.listdir(OTHER))
+    attempt("write_own", lambda: open("own.txt", "w").write("x"))
+    attempt("from_file_own", lambda: torch.from_file(os.path.abspath("own.bin"), True, 8).sum().item())
+    attempt("write_tmp", lambda: open(os.path.join(TMP, "py.txt"), "w"))
+    # libtorch's own file mapping: opened in C++, not seen by the audit hook
+    attempt("from_file_tmp", lambda: torch.from_file(os.path.join(TMP, "ff.bin"), True, 8))
+    attempt("from_file_cache", lambda: torch.from_file(os.path.join(CACHE, "secret.txt"), False, 8,
+                                                       dtype=torch.uint8).tolist())
+    attempt("write_dev_null", lambda: open("/dev/null", "w").write("x"))
+    attempt("write_dev_shm", lambda: open("/dev/shm/cuda-agent-landlock-test-" + str(os.getpid()), "w"))
+    report["confined"] = sb.landlock_confined(WORKDIR)
+    print("REPORT " + json.dumps(report), flush=True)
+""")
+
+
+@needs_landlock
+def test_landlock_keeps_a_process_of_the_judges_uid_out_of_its_files(tmp_path):
+    """No uid drop and no private mounts here (the judge's uid, as when it is not root; root's
+    capabilities do not pass Landlock either): the kernel alone refuses what lies outside."""
+    work = sb.work_root_dir()
+    cache = Path(sb.new_workdir(work.parent, "test-cache-"))
+    (cache / "secret.txt").write_text("baseline")
+    other = sb.new_workdir(work / "runs", "other-")
+    workdir = sb.new_workdir(work / "runs", "landlock-")
+    outside = Path(sb.new_workdir(Path(tempfile.gettempdir()), "landlock-outside-"))
+    code = CONFINED.replace("CACHE", repr(str(cache))).replace("WORKDIR", repr(str(workdir))) \
+        .replace("WORK", repr(str(work))).replace("OTHER", repr(str(other))).replace("TMP", repr(str(outside)))
+    plan = sb.landlock_plan(workdir, (cache,))
+    try:
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(plan)], capture_output=True, text=True,
+                             timeout=180, cwd=workdir)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("REPORT ")]
+        assert lines, out.stdout + out.stderr
+        r = json.loads(lines[-1][len("REPORT "):])
+        assert r["torch"]
+        for key in ("write_own", "from_file_own", "write_dev_null"):
+            assert r[key][0] == "ok", (key, r[key])
+        for key in ("read_cache_file", "list_work_root", "other_run", "write_tmp", "from_file_tmp",
+                    "from_file_cache", "write_dev_shm"):
+            assert r[key][0] == "refused", (key, r[key])
+        assert r["confined"] is True
+        assert not list(outside.iterdir())
+    finally:
+        for d in (cache, other, workdir, outside):
+            sb._remove(Path(d))
+
+
+@needs_landlock
+def test_a_judge_asked_for_landlock_runs_its_candidates_under_it(tmp_path):
+    from cuda_agent.judge import Judge
+
+    task, cand = _tanh_task_and_candidate()
+    with Judge(_config(tmp_path, landlock="on", spares=0)) as judge:
+        v = judge.evaluate(task, cand)
+    assert v.correct, v.failure
+    assert "landlock" in v.isolation and "seccomp" in v.isolation
+
+
+@needs_landlock
+def test_a_process_that_asked_for_landlock_and_can_still_read_the_work_root_is_incomplete():
+    workdir = sb.new_workdir(sb.work_root_dir() / "runs", "ll-gaps-")
+    (workdir / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
+    proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", str(workdir / "wait.py")], workdir=workdir,
+                                       uid=64324 if os.geteuid() == 0 else None, landlock="on"))
+    try:
+        _wait_for(proc.log_path, "up")
+        assert "landlock" in proc.isolation
+        missing, _ = proc.isolation_gaps(audit_hook=True, confined=False)
+        assert any("Landlock" in m for m in missing)
+        missing, _ = proc.isolation_gaps(audit_hook=True, confined=True)
+        assert not any("Landlock" in m for m in missing)
+    finally:
+        proc.cleanup()
+
+
+def test_landlock_mode_is_checked():
+    with pytest.raises(ValueError):
+        sb.landlock_use("maybe")
+    assert sb.landlock_use("off") is False
+    assert sb.landlock_use("auto") is (os.geteuid() != 0 and sb.landlock_abi() >= 1)

@@ -262,7 +262,7 @@ class Builder:
 
     def __init__(self, cache_dir: Path, work_root: Path, *, arch: str | None, timeout_s: float,
                  uid: int | None, jobs: int | None = None, zygote=None, cpus: list[int] | None = None,
-                 light_cuda_headers: bool = False):
+                 light_cuda_headers: bool = False, landlock: str = "auto"):
         self.lib_dir = cache_dir / "ext"
         self.build_root = work_root / "build"
         self.lib_dir.mkdir(parents=True, exist_ok=True)
@@ -278,6 +278,7 @@ class Builder:
         self.pch_root = work_root / "pch"
         self._pch_failed: set[str] = set()
         self.light_cuda_headers = light_cuda_headers   # see LIGHT_EXTENSION_H
+        self.landlock = landlock  # for the compiler processes, as for the candidate's (SandboxSpec.landlock)
 
     @classmethod
     def for_config(cls, config, work_root: Path, *, arch: str | None, uid: int | None, jobs: int | None = None,
@@ -285,7 +286,7 @@ class Builder:
         """A builder with a JudgeConfig's build settings (its cache, build limit and header choice):
         the judge's own, a compile worker's and `build_ahead`'s build alike."""
         return cls(config.cache_dir, work_root, arch=arch, timeout_s=config.build_timeout_s, uid=uid, jobs=jobs,
-                   zygote=zygote, cpus=cpus, light_cuda_headers=config.light_cuda_headers)
+                   zygote=zygote, cpus=cpus, light_cuda_headers=config.light_cuda_headers, landlock=config.landlock)
 
     def lookup(self, spec: BuildSpec) -> Path | None:
         lib = self.lib_dir / spec.key(self.fingerprint) / f"{spec.name}.so"
@@ -530,7 +531,7 @@ class Builder:
         proc = Sandboxed(SandboxSpec(
             argv=python_argv("cuda_agent.judge.buildjob", str(bdir / "job.json")),
             workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096,
-            target="buildjob", target_args=[str(bdir / "job.json")]),
+            target="buildjob", target_args=[str(bdir / "job.json")], landlock=self.landlock),
             self.zygote() if self.zygote else None)
         pin_threads(proc.pid, self.cpus)
         try:

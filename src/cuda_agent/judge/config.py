@@ -185,6 +185,11 @@ class JudgeConfig(BaseModel):
     sandbox_uid: int | None = Field(None, description="uid for untrusted processes when run as root (default: "
                                                       "one of cuda_agent.host.JUDGE_UIDS per judge; its spare "
                                                       "workers and builds are offset from it there)")
+    landlock: Literal["auto", "on", "off"] = Field(
+        "auto", description="Landlock confinement of candidate and compiler processes (reads anywhere but the "
+                            "judge's folders, writes only in their own folder and to device nodes): auto = where "
+                            "the judge is not root and the kernel offers it (as root the uid drop and private mounts "
+                            "already isolate); on = always, and a kernel without it is an error; off = never")
     arch: str | None = Field(None, description="CUDA arch list for builds, e.g. '9.0' (default: the device's)")
     timing_cpus: list[int] | None = Field(
         None, description="cores the judge and the candidate process it is timing run on, kept free of other "

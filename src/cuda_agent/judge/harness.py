@@ -482,7 +482,8 @@ class Judge:
             if not trusted:
                 # The kernel's record, not the process's word: a candidate whose isolation is
                 # incomplete may have done anything, so its numbers are not a verdict.
-                missing, session.reduced_isolation = proc.isolation_gaps(session.ready.get("audit_hook") is True)
+                missing, session.reduced_isolation = proc.isolation_gaps(session.ready.get("audit_hook") is True,
+                                                                        session.ready.get("landlock"))
                 if missing:
                     raise _Stop(FC.JUDGE, "isolation of the candidate process was incomplete, so its results "
                                           "cannot be trusted: missing " + "; ".join(missing))

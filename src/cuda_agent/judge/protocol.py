@@ -130,6 +130,7 @@ class Ready(TypedDict, total=False):
     gpu_plane: bool                # the shared GPU region is mapped
     gpu_plane_error: str | None
     audit_hook: bool               # the worker's audit hook is installed
+    landlock: bool | None          # kept out of the judge's work root (sandbox.landlock_confined)
     timing_gate: str | None        # why calls are timed without the gate, if they are
     judge_release: bool            # its gate polls the control page: the judge can open it
 

@@ -125,7 +125,8 @@ class WorkerSupply:
             argv=python_argv("cuda_agent.judge.worker", str(child_sock.fileno()), *map(str, plane_args)),
             workdir=workdir, uid=uid, pass_fds=(child_sock.fileno(),) + ((plane.fd,) if plane else ()), env=env,
             address_space_mb=(self.config.memory_limit_mb + 8192) if self.device == "cpu" else None,
-            target="worker", target_args=list(plane_args[1:]), hide=(self.config.cache_dir, self.work_root))
+            target="worker", target_args=list(plane_args[1:]), hide=(self.config.cache_dir, self.work_root),
+            landlock=self.config.landlock)
         try:
             proc = Sandboxed(spec, zygote)
         except BaseException:

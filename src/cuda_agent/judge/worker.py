@@ -527,11 +527,13 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         return 1
 
     audit_hook = False
+    confined = None
     if not init.get("trusted"):
         # Every restriction is in place before any candidate code loads (the workspace library's
         # static initialisers included); a process that cannot install one runs none of it.
-        from .sandbox import install_seccomp, missing_in_self
+        from .sandbox import install_seccomp, landlock_confined, missing_in_self
 
+        confined = landlock_confined(workdir)  # the judge decides whether it had to be (isolation_gaps)
         missing = [] if install_seccomp() else ["seccomp filter (refused by the kernel or not x86-64)"]
         _install_audit_hook(workdir, blocked)
         audit_hook = True
@@ -605,6 +607,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         return 1
     chan.send({"ok": True, "matched": matched, "unmatched": unmatched[:50], "blocked": blocked[:20],
                "gpu_plane": shared is not None, "gpu_plane_error": shared_error, "audit_hook": audit_hook,
+               "landlock": confined,
                "timing_gate": timer.gate_problem, "judge_release": timer.can_hold()})
 
     poison_bytes = int(init.get("poison_bytes", 0))
