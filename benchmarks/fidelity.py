@@ -468,7 +468,7 @@ _NORMWISE = re.compile(r"relative L2 error ([0-9.eE+-]+|inf|nan) (?:against the 
 # The noise-scaled bound's message: the error, the bound, and the float32 reference's own error
 # against float64 (its rounding noise), from `cuda_agent.judge.compare`.
 # (Older verdicts write the bound as clamp(M x NOISE, FLOOR, CEILING), newer ones as
-# min(max(FLOOR, M x NOISE), CEILING + NOISE).)
+# min(max(FLOOR, M x NOISE), CEILING + NOISE) or min(max(FLOOR, M x NOISE), CEILING + K x NOISE).)
 _NOISE = re.compile(r"relative L2 error ([0-9.eE+-]+) against the float64 reference exceeds the bound "
                     r"([0-9.eE+-]+) = (?:clamp\(|min\(max\([0-9.eE+-]+, )[0-9.eE+-]+ x ([0-9.eE+-]+)[,)]")
 KERNELBENCH_TOL = 1e-2   # KernelBench's atol = rtol: what the leaderboard accepted

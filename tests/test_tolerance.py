@@ -109,13 +109,13 @@ def test_a_well_conditioned_reference_keeps_the_floor_and_reports_its_noise(cach
 
 def test_a_reference_noisier_than_the_ceiling_passes_itself_and_is_flagged_as_a_task(cache_dir):
     # the deep chain's reference is ~2e-4 from float64; with the ceiling below that, the bound is the
-    # ceiling plus that error: the reference still reproduces itself (a faithful copy of it must pass),
+    # ceiling plus 6x that error: the reference still reproduces itself (a faithful copy of it must pass),
     # and the task is flagged as ill-conditioned for task sets
     task = load_task_file(FIXTURES / "tasks" / "deep_tanh_chain.py")
     with Judge(_config(cache_dir, max_rel_l2_ceiling=1e-5, max_rel_l2={"float32": 1e-5})) as j:
         v = j.check_reference(task)
     assert v.correct, v.failure
-    assert v.ref_noise_rel_l2 > 1e-5 and v.rel_l2_bound == pytest.approx(1e-5 + v.ref_noise_rel_l2, rel=0.5)
+    assert v.ref_noise_rel_l2 > 1e-5 and v.rel_l2_bound == pytest.approx(1e-5 + 6 * v.ref_noise_rel_l2, rel=0.5)
     assert any("ill-conditioned" in w for w in v.task_warnings), v.task_warnings
 
 

@@ -49,6 +49,16 @@ PROBE_FLOOR = 1e-2
 APPROX_SLACK = 1.05
 
 
+# How many times the reference's own error against float64 the cap above the ceiling allows. Where a
+# few outputs carry the norm (products underflowing into denormals: KernelBench level 1, problem 50),
+# the reference's error is a noisy estimate of what any float32 order gives: the published
+# left-to-right product kernel measured 2.6x the reference's error on the H200, and over 40 input
+# draws and five orders of the same products (`benchmarks/reorder_noise.py`) the bound refuses 7.6%
+# of the correct pairs with a cap of 1x, 2.5% with 4x, 0.5% with 6x (those over 16x too). Lower
+# precision is 2^13x or more; zeros are 1.0.
+CEILING_NOISE_MULTIPLE = 6.0
+
+
 def rel_l2_bound(noise: float | None, *, floor: float, multiple: float, ceiling: float) -> float:
     """Bound on the candidate's relative L2 error against the float64 reference.
 
@@ -61,15 +71,17 @@ def rel_l2_bound(noise: float | None, *, floor: float, multiple: float, ceiling:
     well-conditioned tasks exactly where a fixed bound put them; `ceiling` stops an ill-conditioned
     or noisy reference from widening the bound until garbage passes. No usable noise: the floor.
 
-    The cap is `ceiling + noise`, not `ceiling`: a candidate within `ceiling` of the task's own
-    reference is, by the triangle inequality, within `ceiling + noise` of float64. A plain `ceiling`
-    would fail a faithful copy of the reference itself wherever its own error exceeds the ceiling
-    (products of 256 standard-normal float32 factors underflow into denormals a few per cent from
-    float64), while an all-zero output (1.0 from float64) still fails unless the reference is nearly
-    all noise (NOISE_DOMINATED's case)."""
+    The cap is `ceiling + CEILING_NOISE_MULTIPLE x noise`, not `ceiling`. A candidate within
+    `ceiling` of the task's own reference is, by the triangle inequality, within `ceiling + noise` of
+    float64, and a plain `ceiling` would fail a faithful copy of the reference itself wherever its own
+    error exceeds the ceiling (products of 256 standard-normal float32 factors underflow into
+    denormals a few per cent from float64). But the reference's error is one draw: on such a task
+    another correct order of the same float32 arithmetic is often several times as far from float64
+    (CEILING_NOISE_MULTIPLE says how far). An all-zero output (1.0 from float64) still fails unless
+    the reference is mostly noise itself."""
     if noise is None or not math.isfinite(noise) or multiple <= 0:
         return floor
-    return min(max(floor, multiple * noise), max(floor, ceiling) + noise)
+    return min(max(floor, multiple * noise), max(floor, ceiling) + min(multiple, CEILING_NOISE_MULTIPLE) * noise)
 
 
 def response_error(before: torch.Tensor, after: torch.Tensor, ref_before: torch.Tensor,
@@ -254,8 +266,9 @@ def compare_outputs(expected: list[torch.Tensor], got: list, *, atol: float, rto
             if err64 > bound:
                 return result(False, f"{where}: relative L2 error {err64:.3g} against the float64 reference exceeds "
                                      f"the bound {bound:.3g} = min(max({floor:g}, {noise_multiple:g} x {noise:.3g}), "
-                                     f"{max(floor, rel_l2_ceiling):g} + {noise:.3g}), {noise:.3g} being the {dtype} "
-                                     f"reference's own error against float64 (lower precision than the task, or "
+                                     f"{max(floor, rel_l2_ceiling):g} + "
+                                     f"{min(noise_multiple, CEILING_NOISE_MULTIPLE):g} x {noise:.3g}), "
+                                     f"{noise:.3g} being the {dtype} reference's own error against float64 (lower precision than the task, or "
                                      f"values too small for the elementwise tolerance to mean anything)")
             continue
         carried = rel_l2_bounds[i] if rel_l2_bounds is not None and i < len(rel_l2_bounds) else None

@@ -48,8 +48,8 @@ from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, Basel
 from .build import Builder, build_arch
 from .buildplan import BuildOutcome, BuildPlan
 from .builds import CandidateBuilds
-from .compare import (NOISE_DOMINATED, PROBE_DELTA, PROBE_FLOOR, changed_input, compare_outputs, degenerate_warnings,
-                      response_error)
+from .compare import (CEILING_NOISE_MULTIPLE, NOISE_DOMINATED, PROBE_DELTA, PROBE_FLOOR, changed_input,
+                      compare_outputs, degenerate_warnings, response_error)
 from .sol import task_speed_of_light
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
@@ -741,7 +741,8 @@ class Judge:
             if cmp.over_ceiling:
                 outs = ", ".join(map(str, cmp.over_ceiling))
                 warning = (f"output(s) {outs}: ill-conditioned: the reference's own error against float64 exceeds "
-                           f"the ceiling {cfg.max_rel_l2_ceiling:g}, so the bound is the ceiling plus that error")
+                           f"the ceiling {cfg.max_rel_l2_ceiling:g}, so the bound is the ceiling plus "
+                           f"{min(cfg.ref_noise_multiple, CEILING_NOISE_MULTIPLE):g}x that error")
                 if warning not in v.task_warnings:
                     v.task_warnings.append(warning)
         if cmp.ok and len(expected) == 1 and isinstance(expected[0], torch.Tensor) \
