@@ -114,6 +114,10 @@ case "$stage" in
     # fresh machine, put the verdicts.jsonl a call brought back into .fidelity/ and carry that
     # folder: only what it lacks is judged (the builds are redone). On an H200 a published
     # load_inline solution takes ~95 s to build with 14 builds at once, so 300 take about 35 minutes of device time (two or three calls).
+    # With FID_ARGS="-c light_cuda_headers=true -c build_zygote=true" builds took 38 s (median) and the
+    # one judge worker became the bottleneck (~5 s a record: worker start, baseline, calls): 283 records
+    # in 25.5 minutes over three calls. Carrying .fidelity replaces the folder on the machine: copy the
+    # verdicts.jsonl the last call brought back into it first, or a warm machine loses what it judged.
     # benchmarks/fidelity_reviewed.json: the refusals classified by reading the solution's source.
     timeout ${FID_TIMEOUT:-560} python3 benchmarks/fidelity.py --corpus .corpus --out "${FID_OUT:-.fidelity}" \
       --time-budget ${FID_BUDGET:-7} --explain benchmarks/fidelity_reviewed.json ${FID_ARGS:-} \
