@@ -416,3 +416,9 @@ def test_landlock_mode_is_checked():
         sb.landlock_use("maybe")
     assert sb.landlock_use("off") is False
     assert sb.landlock_use("auto") is (os.geteuid() != 0 and sb.landlock_abi() >= 1)
+    # "auto" leaves CUDA judges without it until the GPU tier has run it; asked for, they get it
+    from cuda_agent.judge import JudgeConfig
+
+    assert JudgeConfig(device="cuda").landlock_mode() == "off"
+    assert JudgeConfig(device="cpu").landlock_mode() == "auto"
+    assert JudgeConfig(device="cuda", landlock="on").landlock_mode() == "on"

@@ -286,7 +286,7 @@ class Builder:
         """A builder with a JudgeConfig's build settings (its cache, build limit and header choice):
         the judge's own, a compile worker's and `build_ahead`'s build alike."""
         return cls(config.cache_dir, work_root, arch=arch, timeout_s=config.build_timeout_s, uid=uid, jobs=jobs,
-                   zygote=zygote, cpus=cpus, light_cuda_headers=config.light_cuda_headers, landlock=config.landlock)
+                   zygote=zygote, cpus=cpus, light_cuda_headers=config.light_cuda_headers, landlock=config.landlock_mode())
 
     def lookup(self, spec: BuildSpec) -> Path | None:
         lib = self.lib_dir / spec.key(self.fingerprint) / f"{spec.name}.so"

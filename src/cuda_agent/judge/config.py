@@ -188,9 +188,15 @@ class JudgeConfig(BaseModel):
                                                       "workers and builds are offset from it there)")
     landlock: Literal["auto", "on", "off"] = Field(
         "auto", description="Landlock confinement of candidate and compiler processes (reads anywhere but the "
-                            "judge's folders, writes only in their own folder and to device nodes): auto = where "
-                            "the judge is not root and the kernel offers it (as root the uid drop and private mounts "
-                            "already isolate); on = always, and a kernel without it is an error; off = never")
+                            "judge's folders, writes only in their own folder and to device nodes): auto = on the "
+                            "CPU backend where the judge is not root and the kernel offers it (as root the uid drop "
+                            "and private mounts already isolate; on CUDA not until the GPU tier has run it); on = "
+                            "always, and a kernel without it is an error; off = never")
+
+    def landlock_mode(self) -> str:
+        """`landlock` as the sandbox takes it (sandbox.landlock_use): "auto" is "off" on CUDA, where
+        the driver's use of the file system under Landlock (/dev/shm stays read-only) is untested."""
+        return "off" if self.landlock == "auto" and self.device == "cuda" else self.landlock
     arch: str | None = Field(None, description="CUDA arch list for builds, e.g. '9.0' (default: the device's)")
     timing_cpus: list[int] | None = Field(
         None, description="cores the judge and the candidate process it is timing run on, kept free of other "

@@ -16,11 +16,12 @@ What is isolated:
   runs (SandboxError), and the judge checks the kernel's record of the result (`isolation_gaps`);
 - the parent's death kills it (PR_SET_PDEATHSIG, set again after the uid drop, which clears it);
 - a resident-memory watchdog in the parent.
-- Landlock (`JudgeConfig.landlock`; by default where the judge is not root and the kernel has it):
-  the kernel confines the file system for every way in, C and C++ included, which the audit hook
-  does not see: reads anywhere but the judge's folders (its cache and work root; what the process
-  needs from them, its own workdir and the runtime, stays readable), writes only in the workdir and
-  to device nodes (not /dev/shm); no signals to, or abstract sockets of, processes outside it.
+- Landlock (`JudgeConfig.landlock`; by default on the CPU backend where the judge is not root and
+  the kernel has it): the kernel confines the file system for every way in, C and C++ included,
+  which the audit hook does not see: reads anywhere but the judge's folders (its cache and work
+  root; what the process needs from them, its own workdir and the runtime, stays readable), writes
+  only in the workdir and to device nodes (not /dev/shm); no signals to, or abstract sockets of,
+  processes outside it.
 A judge that is not root keeps the reduced isolation (same uid, shared network and mounts) and says
 so in every verdict (`Verdict.reduced_isolation`); it makes itself non-dumpable so that a candidate
 of its own uid cannot read its memory either, and Landlock (where the kernel has it) keeps such a
@@ -190,8 +191,8 @@ class Sandboxed:
                        "mount namespace (the judge is not root)"]
             if not self.landlock:
                 reduced.append("file system confinement (" + (
-                    "switched off: JudgeConfig.landlock" if self.spec.landlock == "off" else
-                    "the kernel has no Landlock") + ")")
+                    "Landlock not used: JudgeConfig.landlock is 'off', or 'auto' on CUDA" if self.spec.landlock == "off"
+                    else "the kernel has no Landlock") + ")")
             return missing, reduced
         if self.spec.uid is not None:
             ids = _proc_status(str(self.pid)).get("Uid", "").split()

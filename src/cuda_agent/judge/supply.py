@@ -126,7 +126,7 @@ class WorkerSupply:
             workdir=workdir, uid=uid, pass_fds=(child_sock.fileno(),) + ((plane.fd,) if plane else ()), env=env,
             address_space_mb=(self.config.memory_limit_mb + 8192) if self.device == "cpu" else None,
             target="worker", target_args=list(plane_args[1:]), hide=(self.config.cache_dir, self.work_root),
-            landlock=self.config.landlock)
+            landlock=self.config.landlock_mode())
         try:
             proc = Sandboxed(spec, zygote)
         except BaseException:
