@@ -283,18 +283,21 @@ def markers(calls) -> dict:
     records (`kernel_ms`): near the gated time, the kernels themselves ran that long in the judge's
     process; near Nsight Compute's, the time went between or around them. `waited`: how many timed
     calls' timing thread waited for a core while it waited for the device (`run_delay_ms`; the
-    idle marker is that much late, and timing.device_busy_ms takes it off, within its cap)."""
+    idle marker is that much late, and timing.device_busy_ms takes it off, within its cap). `lag_ms`:
+    the timed calls' median lag of the idle marker behind the end marker."""
     import statistics
 
     kernel = [c.kernel_ms for c in calls if c.role == "check" and getattr(c, "kernel_ms", None) is not None]
     kernel_ms = statistics.median(kernel) if kernel else None
     timed = [c for c in calls if c.role == "timed" and c.stream_ms is not None and c.inside_ms is not None]
     if not timed:
-        return {"stream_ms": None, "past_end": None, "kernel_ms": kernel_ms, "waited": None}
+        return {"stream_ms": None, "past_end": None, "kernel_ms": kernel_ms, "waited": None, "lag_ms": None}
     past = sum(c.inside_ms > c.stream_ms * 1.0001 + 1e-6 for c in timed)
     waited = sum((getattr(c, "run_delay_ms", None) or 0.0) > 0.001 for c in timed)
+    lags = [c.lag_ms for c in timed if getattr(c, "lag_ms", None) is not None]
     return {"stream_ms": statistics.median(c.stream_ms for c in timed), "past_end": f"{past}/{len(timed)}",
-            "kernel_ms": kernel_ms, "waited": f"{waited}/{len(timed)}"}
+            "kernel_ms": kernel_ms, "waited": f"{waited}/{len(timed)}",
+            "lag_ms": round(statistics.median(lags), 4) if lags else None}
 
 
 class GpuClocks:
