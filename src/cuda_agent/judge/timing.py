@@ -144,6 +144,18 @@ class _Gate:
         if self.token is None:
             self.flag[0] = 1
 
+    def wait_released(self, timeout_s: float) -> bool:
+        """Spin on the host until the judge has written this call's token (or `timeout_s` passed):
+        a sleep would wake tens of microseconds late, and the idle marker with it."""
+        if self.token is None:
+            return True
+        control, token = self.control, self.token
+        end = _perf_counter() + timeout_s
+        while int(control[0]) != token:
+            if _perf_counter() > end:
+                return False
+        return True
+
 
 class CallTimer:
     """Times one call on `device` with full-device synchronisation. `method` says how the last
@@ -256,6 +268,13 @@ class CallTimer:
             return float(self._start.elapsed_time(self._end))
         self._end.record()
         gate.release()  # a no-op where the judge releases it
+        if gate.token is not None:
+            # The judge's release takes a round trip (its input writes, then the word the gate
+            # polls): waited for here, on the host, so the synchronize below waits only for the
+            # call's own work, as with the process's release. A synchronize that waits through the
+            # round trip returns later after the device goes idle than the reaction measured at
+            # start-up, and the idle marker's lag then reads as work on another stream.
+            gate.wait_released(JUDGE_GATE_TIMEOUT_US / 1e6)
         delay0 = self._run_delay_ms()
         torch.cuda.synchronize()
         self._idle.record()
