@@ -102,15 +102,17 @@ def test_a_run_stored_with_the_reward_among_the_judge_settings_resumes(tmp_path,
 
 def test_a_setting_added_later_leaves_the_digest_of_earlier_runs_at_its_old_behaviour(setup):
     """`gate_release`, `release_writes`, `flush_after_inputs` and `touch_pages` came after runs were stored: at their
-    earlier behaviour a stored config without them has the same digest, so those runs resume; at
-    another value it differs. `device_lock` says where the judge runs, not what it decides: never in the digest."""
-    config = setup
+    earlier behaviour ('off' for flush_after_inputs, whose default is now 'auto') a stored config
+    without them has the same digest, so those runs resume; at another value it differs. `device_lock` says where the judge runs, not what it decides: never in the digest."""
+    config = setup.model_copy(update={"flush_after_inputs": "off"})
     later = {"gate_release", "release_writes", "flush_after_inputs", "touch_pages", "device_lock"}
     stored = {k: v for k, v in config.model_dump(mode="json").items() if k not in later}
     assert settings_digest(stored) == settings_digest(config)
     assert settings_digest(config.model_copy(update={"gate_release": "judge"})) != settings_digest(config)
     assert settings_digest(config.model_copy(update={"release_writes": "host"})) != settings_digest(config)
-    assert settings_digest(config.model_copy(update={"flush_after_inputs": True})) != settings_digest(config)
+    assert settings_digest(config.model_copy(update={"flush_after_inputs": "on"})) != settings_digest(config)
+    # its default now ('auto': inputs over the L2's size) times calls otherwise than runs stored before it
+    assert setup.flush_after_inputs == "auto" and settings_digest(setup) != settings_digest(config)
     assert settings_digest(config.model_copy(update={"touch_pages": True})) != settings_digest(config)
     assert settings_digest(config.model_copy(update={"device_lock": "/tmp/x.lock"})) == settings_digest(config)
     # the precision probe (approx_rel_l2) came later too: off (0) is the earlier behaviour, and its

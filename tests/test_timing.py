@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from cuda_agent.judge import harness, timing
 from cuda_agent.judge.timing import reconcile
@@ -105,12 +106,15 @@ def test_timing_check_counts_calls_timed_past_their_end_marker():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     calls = [CallRecord(index=i, role="timed", inside_ms=0.66 if i % 2 else 0.54, outside_ms=1.0, stream_ms=0.54,
-                        run_delay_ms=0.03 if i == 1 else 0.0) for i in range(4)]
+                        run_delay_ms=0.03 if i == 1 else 0.0, lag_ms=0.12 if i % 2 else 0.01 * (i + 1))
+             for i in range(4)]
     calls += [CallRecord(index=4 + k, role="check", inside_ms=2.0, outside_ms=2.5, stream_ms=0.5, kernel_ms=ms)
               for k, ms in enumerate((0.52, 0.51, 0.6))]
-    assert mod.markers(calls) == {"stream_ms": 0.54, "past_end": "2/4", "kernel_ms": 0.52, "waited": "1/4"}
+    assert mod.markers(calls) == {"stream_ms": 0.54, "past_end": "2/4", "kernel_ms": 0.52, "waited": "1/4",
+                                  "lag_ms": 0.075}
     cpu = [CallRecord(index=0, role="timed", inside_ms=1.0, outside_ms=1.2)]  # no markers on the CPU backend
-    assert mod.markers(cpu) == {"stream_ms": None, "past_end": None, "kernel_ms": None, "waited": None}
+    assert mod.markers(cpu) == {"stream_ms": None, "past_end": None, "kernel_ms": None, "waited": None,
+                                "lag_ms": None}
 
 
 def test_a_cpu_call_timer_reports_no_marker_time():
@@ -265,3 +269,25 @@ def test_schedstat_of_a_live_process_gives_cpu_time_and_waits():
     assert threading.get_native_id() in stats
     assert all(cpu >= 0 and delay >= 0 for cpu, delay in stats.values())
     assert harness._own_run_delay_ns() >= 0
+
+
+def test_the_second_flush_is_for_inputs_over_the_l2_in_auto_and_always_or_never_otherwise():
+    l2 = 50 << 20
+    small = [torch.empty(4 << 20), torch.empty(1 << 20)]   # 20 MiB of float32
+    large = [torch.empty(8 << 20), torch.empty(8 << 20)]   # 64 MiB
+    assert not timing.flushes_after_inputs("auto", small, l2)
+    assert timing.flushes_after_inputs("auto", large, l2)
+    assert timing.flushes_after_inputs("auto", [torch.empty(l2 // 4 + 1)], l2)
+    assert not timing.flushes_after_inputs("auto", [torch.empty(l2 // 4)], l2)  # exactly the L2: kept
+    assert timing.flushes_after_inputs("on", small, l2) and not timing.flushes_after_inputs("off", large, l2)
+    assert not timing.flushes_after_inputs("auto", [3, "x", None], l2)  # non-tensor inputs weigh nothing
+
+
+def test_the_flush_switch_keeps_its_old_true_and_false():
+    from cuda_agent.judge.config import JudgeConfig
+
+    assert JudgeConfig().flush_after_inputs == "auto"
+    assert JudgeConfig(flush_after_inputs=True).flush_after_inputs == "on"
+    assert JudgeConfig(flush_after_inputs=False).flush_after_inputs == "off"
+    with pytest.raises(ValueError):
+        JudgeConfig(flush_after_inputs="sometimes")

@@ -153,8 +153,9 @@ class Judge:
         self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
         # Judges sharing this device: timed calls hold it alone, other calls share it (devlock.py).
         self._device_lock = DeviceLock(config.device_lock) if config.device_lock else None
-        # CUDA processes flush the L2 again once a call's inputs are written (JudgeConfig.flush_after_inputs)
-        self._flushes_inputs = self.device == "cuda" and config.flush_l2 and config.flush_after_inputs
+        # CUDA processes flush the L2 again once a call's inputs are written (JudgeConfig.flush_after_inputs:
+        # "on", "auto" (inputs over the L2's size) or "off")
+        self._flushes_inputs = config.flush_after_inputs if self.device == "cuda" and config.flush_l2 else "off"
         # ... and read a byte of every page the call will stream (JudgeConfig.touch_pages)
         self._touches_pages = self.device == "cuda" and config.touch_pages
         self.verdicts = None
@@ -855,8 +856,9 @@ class Judge:
             judge_release = cfg.gate_release == "judge"
         # The protocol's cost on the judge's clock depends on who opens the gate: its own key.
         keyed = f"{mode}+judge-release" if self.device == "cuda" and judge_release else mode
-        if self._flushes_inputs and not judge_release:  # (the judge's release writes inputs after it)
-            keyed += "+flush-inputs"  # the flush moves the times too (and old keys stay as they were)
+        if self._flushes_inputs != "off" and not judge_release:  # (the judge's release writes inputs after it)
+            # the flush moves the times too (and old keys stay as they were)
+            keyed += "+flush-inputs" if self._flushes_inputs == "on" else "+flush-inputs-auto"
         if self._touches_pages and not judge_release:
             keyed += "+touch-pages"
         if self.device == "cuda" and not cfg.poison_outputs:

@@ -60,7 +60,7 @@ class InitRequest(TypedDict):
     state_names: list[str]
     init_seed: int
     flush: bool
-    flush_inputs: bool             # CUDA: flush again once a call's inputs are in place (JudgeConfig)
+    flush_inputs: str              # CUDA: flush again once a call's inputs are in place: on, auto, off (JudgeConfig)
     touch_pages: bool              # CUDA: touch the inputs' and outputs' pages before the clock (JudgeConfig)
     trusted: bool                  # a reference or baseline: no candidate policy
     observer: str                  # the judge's operator observer library

@@ -356,6 +356,16 @@ def touch_pages(tensors) -> None:
             t.detach().reshape(-1).view(torch.uint8)[::PAGE_STRIDE].max()
 
 
+def flushes_after_inputs(mode: str, inputs, l2_bytes: int) -> bool:
+    """Whether a call's L2 is flushed again once its inputs are written (JudgeConfig.flush_after_inputs):
+    "on" always, "off" never, "auto" where the inputs together exceed the L2 (`l2_bytes`). Inputs
+    written after the untimed flush leave their last lines dirty in the L2: a larger input makes the
+    call write them back (timed), a smaller one is read from the L2 instead of memory."""
+    if mode != "auto":
+        return mode == "on"
+    return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor)) > l2_bytes
+
+
 class CacheFlusher:
     """Leaves the last-level cache cold before each call.
 
@@ -367,10 +377,12 @@ class CacheFlusher:
     def __init__(self, device: str, enabled: bool = True):
         self.enabled = enabled
         self.buf = None
+        self.l2_bytes = 0
         if not enabled:
             return
         if device == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
+            self.l2_bytes = int(l2)
             self.buf = torch.ones(int(l2) * 2 // 4, dtype=torch.float32, device="cuda")
         else:
             self.buf = torch.empty((32 << 20) // 4, dtype=torch.float32)

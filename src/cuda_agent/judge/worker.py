@@ -430,7 +430,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     from . import observer as obs
     from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
     from .tensorio import leaves, move_state, pack, unpack
-    from .timing import GATE_KERNEL, CacheFlusher, CallTimer, touch_pages
+    from .timing import GATE_KERNEL, CacheFlusher, CallTimer, flushes_after_inputs, touch_pages
 
     sock = socket.socket(fileno=sock_fd)
     shared_error = None
@@ -511,7 +511,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if not init.get("trusted") and init.get("policy", "strict") == "strict":
             sealed.update(obs.bridge_numpy(torch, lambda: observer.mark(obs.NUMPY_MARK)))
         flusher = CacheFlusher(device, init.get("flush", True))
-        flush_inputs = bool(init.get("flush_inputs")) and device == "cuda" and flusher.buf is not None
+        # "on", "auto" (calls whose inputs exceed the L2's size) or "off" (JudgeConfig.flush_after_inputs)
+        flush_inputs = str(init.get("flush_inputs") or "off") if device == "cuda" and flusher.buf is not None \
+            else "off"
         touch = bool(init.get("touch_pages")) and device == "cuda"
         # The gate's release word lives in the data plane's control page, which the judge writes:
         # with the GPU region, the judge reveals a call's inputs and opens its gate itself.
@@ -670,7 +672,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             inputs = unpack(msg["inputs"], calls, 0, plane.in_size, device, share=device == "cpu")
             release = msg.get("release") if device == "cuda" else None
             release = int(release) if isinstance(release, int) and not isinstance(release, bool) else None
-            if flush_inputs and release is None:
+            if release is None and flushes_after_inputs(flush_inputs, leaves(inputs), flusher.l2_bytes):
                 # `prepare` flushed before the inputs were written: their last lines sit dirty in the
                 # L2. Flushed again (before the observer's take, so its ops are not the candidate's).
                 flusher.flush()
