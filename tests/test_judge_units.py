@@ -892,3 +892,41 @@ def test_inline_preludes_are_made_on_a_flag_sets_second_use_and_the_oldest_evict
         assert builder._pch(spec("y", flags)) is not None
     preludes = sorted(p.name for p in (tmp_path / "work" / "pch").glob("inline-*") if p.is_dir())
     assert len(preludes) == kept and not gch.exists()
+
+
+def test_the_output_size_probe_leaves_a_stateful_reference_as_constructed():
+    """make_setup calls the reference once to learn its output sizes, a call the candidate never
+    gets: a model whose forward advances a plain attribute (an RNN's hidden state) is built again,
+    one whose forward updates buffers (training-mode BatchNorm) gets them back, and a stateless one
+    is left alone."""
+    from pathlib import Path
+
+    from cuda_agent.judge.reference import Reference, make_setup, rebuild
+    from cuda_agent.tasks import Task, load_task_file
+
+    cfg = JudgeConfig(device="cpu")
+    task = load_task_file(Path(__file__).parent / "fixtures" / "tasks" / "stateful_rnn.py")
+    rnn = Reference(task)
+    setup = make_setup(task, rnn, 1234, cfg)
+    torch.manual_seed(1234)
+    fresh = rnn.Model(*rnn.get_init_inputs())
+    assert setup.stateful and torch.equal(setup.ref_model.hidden, fresh.hidden)
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        assert torch.equal(setup.ref_model(x), fresh(x))
+        setup.ref_model(x)  # one call further than a fresh construction...
+    rebuild(setup, rnn, cfg)  # ...until built again (a second round's fresh process)
+    torch.manual_seed(1234)
+    assert torch.equal(setup.ref_model.hidden, rnn.Model(*rnn.get_init_inputs()).hidden)
+
+    head = "import torch\nimport torch.nn as nn\n"
+    tail = "def get_inputs():\n    return [torch.randn(16, 4)]\ndef get_init_inputs():\n    return []\n"
+    bn_task = Task.from_source(head + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                               "        self.bn = nn.BatchNorm1d(4)\n    def forward(self, x):\n"
+                               "        return self.bn(x)\n" + tail, name="bn")
+    setup = make_setup(bn_task, Reference(bn_task), 7, cfg)
+    assert setup.stateful and int(setup.ref_model.bn.num_batches_tracked) == 0
+    assert torch.equal(setup.ref_model.bn.running_mean, torch.zeros(4))
+    plain = Task.from_source(head + "class Model(nn.Module):\n    def forward(self, x):\n        return x * 2\n" + tail,
+                             name="plain")
+    assert not make_setup(plain, Reference(plain), 7, cfg).stateful

@@ -56,7 +56,8 @@ from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .devlock import DeviceLock
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
 from .protocol import CallReply, Channel, DataPlane, InitRequest, Ready
-from .reference import Reference, Setup, fresh_inputs, make_setup, perturb_state, reference_ops, to_list
+from .reference import (Reference, Setup, fresh_inputs, make_setup, perturb_state, rebuild, reference_ops,
+                        to_list)
 from .reference import expected64 as reference_expected64
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
@@ -403,6 +404,7 @@ class Judge:
         measured with no candidate process alive; the bounds the checked calls set carry over."""
         bounds, paired = session.rel_l2_bounds, session.paired
         session.close()
+        rebuild(setup, ref, self.config)  # a stateful reference starts over with the fresh ModelNew
         judge_null = self._baseline(task, ref, "null", ev, judge_release=True)
         fresh = self._start(task, cand.model_new, library, setup, ev, deadline, judge_release=True)
         fresh.rel_l2_bounds, fresh.paired = bounds, paired

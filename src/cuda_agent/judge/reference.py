@@ -51,6 +51,50 @@ class Setup:
     # A float64 copy of ref_model for the checked calls (made on first use), or why there is none.
     ref64: torch.nn.Module | None = None
     ref64_problem: str | None = None
+    # Whether a forward changes the model's own state (an RNN keeping its hidden state in an
+    # attribute, training-mode BatchNorm's running statistics): the reference must then see the
+    # same calls as the candidate's model, from the same construction (`rebuild`).
+    stateful: bool = False
+
+
+def _state_of(model: torch.nn.Module) -> tuple[dict, dict]:
+    """What a forward can change in a module tree: its plain attributes (each tensor by identity
+    and version counter, i.e. rebound or written in place, and each number), then its parameters
+    and buffers (the state_dict) the same way."""
+    def mark(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        try:
+            return id(value), value._version
+        except RuntimeError:  # an inference tensor keeps no version counter
+            return id(value), None
+
+    plain, weights = {}, {}
+    for prefix, module in model.named_modules():
+        for name, value in vars(module).items():
+            if isinstance(value, (torch.Tensor, bool, int, float)):
+                plain[f"{prefix}.{name}"] = mark(value)
+        for group in (module._parameters, module._buffers):
+            for name, value in group.items():
+                weights[f"{prefix}.{name}"] = mark(value)
+    return plain, weights
+
+
+def _construct(ref: Reference, init_seed: int, config: JudgeConfig) -> tuple[list, torch.nn.Module]:
+    torch.manual_seed(init_seed)
+    init_args = list(ref.get_init_inputs())
+    return init_args, ref.Model(*init_args).to(config.device)
+
+
+def rebuild(setup: Setup, ref: Reference, config: JudgeConfig) -> None:
+    """A stateful reference constructed again under its seed, as a fresh candidate process
+    constructs ModelNew (the judge's second round): both start from the same state again."""
+    if not setup.stateful:
+        return
+    setup.ref_model = setup.ref64 = None
+    if config.device == "cuda":
+        torch.cuda.empty_cache()
+    _, setup.ref_model = _construct(ref, setup.init_seed, config)
 
 
 def to_list(out) -> list:
@@ -93,16 +137,33 @@ def reference_ops(ref: Reference, device: str) -> set[str]:
 
 def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) -> Setup:
     """The reference model under `init_seed`, its weights and the transport sizes."""
-    torch.manual_seed(init_seed)
-    init_args = list(ref.get_init_inputs())
-    ref_model = ref.Model(*init_args).to(config.device)
+    init_args, ref_model = _construct(ref, init_seed, config)
     items = list(ref_model.state_dict().items())
     state_names = [k for k, _ in items]
     # copies, also on the CPU backend: the precision probe moves the model's own tensors and puts these back
     state_values = [t.detach().to("cpu", copy=True) for _, t in items]
     probe_inputs = fresh_inputs(ref, secrets.randbits(63), 0, config.device)
+    before = _state_of(ref_model)
     with torch.no_grad():
         probe = to_list(ref_model(*probe_inputs))
+    # The probe (output sizes) is a call the candidate never gets: where it changed the model's
+    # state, the first checked call must still find both models in the state construction left
+    # them in (KernelBench runs both from the same seed, call for call). Parameters and buffers
+    # (training-mode BatchNorm's running statistics) are put back from their copies; a changed plain
+    # attribute (an RNN's hidden state) has no copy, so the model is built again.
+    after = _state_of(ref_model)
+    stateful = after != before
+    if after[0] != before[0]:
+        ref_model = None
+        if config.device == "cuda":
+            torch.cuda.empty_cache()
+        init_args, ref_model = _construct(ref, init_seed, config)
+        items = list(ref_model.state_dict().items())
+        state_values = [t.detach().to("cpu", copy=True) for _, t in items]
+    elif stateful:
+        with torch.no_grad():
+            for (_, t), saved in zip(items, state_values):
+                t.copy_(saved)
     out_bytes = nbytes_of(probe)
     limit_mb = config.output_limit_mb()
     if out_bytes > limit_mb << 20:
@@ -112,7 +173,8 @@ def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) 
     in_bytes = max(nbytes_of(state_values) + nbytes_of(init_args), nbytes_of(probe_inputs)) + (1 << 20)
     outputs = [(list(t.shape), str(t.dtype).removeprefix("torch.")) if isinstance(t, torch.Tensor) else None
                for t in probe]
-    return Setup(init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs)
+    return Setup(init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs,
+                 stateful=stateful)
 
 
 def expected64(setup: Setup, inputs: list, config: JudgeConfig) -> list | None:
