@@ -930,3 +930,14 @@ def test_the_output_size_probe_leaves_a_stateful_reference_as_constructed():
     plain = Task.from_source(head + "class Model(nn.Module):\n    def forward(self, x):\n        return x * 2\n" + tail,
                              name="plain")
     assert not make_setup(plain, Reference(plain), 7, cfg).stateful
+    # random state drawn at construction is drawn as the candidate process draws it: right after the
+    # seed, whatever get_init_inputs drew before
+    drawn = Task.from_source(head + "class Model(nn.Module):\n    def __init__(self, k):\n        super().__init__()\n"
+                             "        self.h = torch.randn(4) * k\n    def forward(self, x):\n"
+                             "        self.h = self.h + 1\n        return x + self.h\n"
+                             "def get_inputs():\n    return [torch.randn(16, 4)]\n"
+                             "def get_init_inputs():\n    return [float(torch.rand(1)) + 1.0]\n", name="drawn")
+    setup = make_setup(drawn, Reference(drawn), 11, cfg)
+    torch.manual_seed(11)
+    k = setup.init_args[0]
+    assert setup.stateful and torch.equal(setup.ref_model.h, torch.randn(4) * k)

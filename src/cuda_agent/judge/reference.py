@@ -83,6 +83,9 @@ def _state_of(model: torch.nn.Module) -> tuple[dict, dict]:
 def _construct(ref: Reference, init_seed: int, config: JudgeConfig) -> tuple[list, torch.nn.Module]:
     torch.manual_seed(init_seed)
     init_args = list(ref.get_init_inputs())
+    # seeded again, as the candidate process seeds before ModelNew (worker.py) and KernelBench before
+    # each model: random state drawn at construction that is not copied (a plain attribute) matches
+    torch.manual_seed(init_seed)
     return init_args, ref.Model(*init_args).to(config.device)
 
 
