@@ -141,10 +141,11 @@ case "$stage" in
     echo "host writes rc=$?"; grep -E "^\|" "$out/timing_release_host.log"
     ;;
   flush)
-    # The second flush once a call's inputs are written (JudgeConfig.flush_after_inputs) beside the
-    # default, each against Nsight Compute, on the small sizes (alone and loaded): inputs under the
-    # L2's size read from it without the second flush, larger ones write their dirty lines back.
-    for v in false true; do
+    # The second flush once a call's inputs are written (JudgeConfig.flush_after_inputs: off, on, and
+    # auto, the default: inputs over the L2's size), each against Nsight Compute, on the small sizes
+    # (alone and loaded): inputs under the L2's size read from it without the second flush, larger
+    # ones write their dirty lines back.
+    for v in off on auto; do
       timeout ${FLUSH_TIMEOUT:-240} python3 benchmarks/timing_check.py --out "$out/flush-$v" --sizes small \
         -c flush_after_inputs=$v > "$out/timing_flush_$v.log" 2>&1
       echo "flush_after_inputs=$v rc=$?"; grep -E "^\|" "$out/timing_flush_$v.log"
