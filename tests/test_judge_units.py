@@ -927,6 +927,11 @@ def test_the_output_size_probe_leaves_a_stateful_reference_as_constructed():
     setup = make_setup(bn_task, Reference(bn_task), 7, cfg)
     assert setup.stateful and int(setup.ref_model.bn.num_batches_tracked) == 0
     assert torch.equal(setup.ref_model.bn.running_mean, torch.zeros(4))
+    counter = Task.from_source(head + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                               "        self.register_buffer('steps', torch.zeros(1))\n    def forward(self, x):\n"
+                               "        self.steps = self.steps + 1\n        return x + self.steps\n" + tail, name="counter")
+    setup = make_setup(counter, Reference(counter), 7, cfg)  # a buffer rebound, not written: built again
+    assert setup.stateful and float(setup.ref_model.steps) == 0.0
     plain = Task.from_source(head + "class Model(nn.Module):\n    def forward(self, x):\n        return x * 2\n" + tail,
                              name="plain")
     assert not make_setup(plain, Reference(plain), 7, cfg).stateful

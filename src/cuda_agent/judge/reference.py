@@ -152,11 +152,13 @@ def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) 
     # The probe (output sizes) is a call the candidate never gets: where it changed the model's
     # state, the first checked call must still find both models in the state construction left
     # them in (KernelBench runs both from the same seed, call for call). Parameters and buffers
-    # (training-mode BatchNorm's running statistics) are put back from their copies; a changed plain
-    # attribute (an RNN's hidden state) has no copy, so the model is built again.
+    # written in place (training-mode BatchNorm's running statistics) are put back from their copies;
+    # a changed plain attribute (an RNN's hidden state) has no copy, and a rebound parameter or
+    # buffer no place to copy to, so then the model is built again.
     after = _state_of(ref_model)
     stateful = after != before
-    if after[0] != before[0]:
+    rebound = any(k not in after[1] or after[1][k][0] != mark[0] for k, mark in before[1].items())
+    if after[0] != before[0] or rebound:
         ref_model = None
         if config.device == "cuda":
             torch.cuda.empty_cache()
