@@ -32,7 +32,9 @@ the number in that name decides (and a disagreement is reported).
 4. `--ncu-sample K` (CUDA, `ncu` on PATH): K correct solutions are run under Nsight Compute in a
    trusted subprocess outside the judge (this script with `--ncu-runner`: build ModelNew from the
    reference's init inputs, flush L2 between calls, profile a few forwards) and the summed
-   `gpu__time_duration` per forward is set beside the judge's runtime of the same candidate.
+   `gpu__time_duration` per forward is set beside the judge's runtime of the same candidate. Their
+   extensions are built first, `--ncu-build-parallel` at once, each in a folder of its own; the
+   profiled runs, one at a time, then only load them.
 5. `OUT/fidelity.json` (every figure, every record) and `OUT/fidelity.md` (the tables).
 
 Exit codes: 0 the report was written; 2 usage error (missing corpus, bad options, an output folder
@@ -753,6 +755,8 @@ def ncu_runner(argv: list[str]) -> int:
     p.add_argument("--forwards", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--build-only", action="store_true",
+                   help="build the solution's extensions and construct ModelNew, run no forward")
     args = p.parse_args(argv)
     import torch
 
@@ -765,6 +769,9 @@ def ncu_runner(argv: list[str]) -> int:
     torch.manual_seed(args.seed)
     init = [x.to(device) if isinstance(x, torch.Tensor) else x for x in ns["get_init_inputs"]()]
     model = sol["ModelNew"](*init).to(device).eval()
+    if args.build_only:
+        print(json.dumps({"built": True}), file=sys.stderr)
+        return 0
     torch.manual_seed(args.seed + 1)
     inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
     flush = None
@@ -789,19 +796,51 @@ def ncu_runner(argv: list[str]) -> int:
     return 0
 
 
-def run_ncu(record: Record, entry: dict, out: Path, forwards: int, timeout_s: float) -> dict:
-    ncu = shutil.which("ncu")
+def _ncu_folder(record: Record, out: Path) -> tuple[Path, dict]:
+    """The record's folder under OUT/ncu (its solution.py written there) and the environment its
+    runs use: a torch extensions folder of its own, so that a build made ahead (`prebuild_ncu`) is
+    the one the profiled run loads, and two solutions naming their extension alike never share one."""
     folder = out / "ncu" / record.key
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "solution.py").write_text(record.code)
+    return folder, dict(os.environ, TORCH_EXTENSIONS_DIR=str(folder / "torch_extensions"))
+
+
+def prebuild_ncu(records: list[Record], out: Path, parallel: int, timeout_s: float,
+                 device: str = "cuda") -> dict[str, str]:
+    """Build the sampled solutions' extensions, `parallel` at once, before any is profiled: the
+    profiled runs take the GPU's counters one at a time, and a published load_inline solution takes
+    40-90 s to compile, so building inside each profiled run would serialise the builds too.
+    Returns why a build failed, by record key (the profiled run then reports its own error)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build(record: Record) -> tuple[str, str | None]:
+        folder, env = _ncu_folder(record, out)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--ncu-runner", str(record.problem),
+               str(folder / "solution.py"), "--build-only", "--device", device]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            return record.key, f"build did not finish within {timeout_s:.0f} s"
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
+            return record.key, f"build exit {proc.returncode}: " + " | ".join(tail)
+        return record.key, None
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        return {key: why for key, why in pool.map(build, records) if why is not None}
+
+
+def run_ncu(record: Record, entry: dict, out: Path, forwards: int, timeout_s: float) -> dict:
+    ncu = shutil.which("ncu")
+    folder, env = _ncu_folder(record, out)
     solution = folder / "solution.py"
-    solution.write_text(record.code)
     log = folder / "ncu.csv"
     log.unlink(missing_ok=True)
     cmd = [ncu, "--csv", "--print-units", "base", "--metrics", "gpu__time_duration.sum",
            "--profile-from-start", "off", "--clock-control", "none", "--target-processes", "all",
            "--log-file", str(log), sys.executable, str(Path(__file__).resolve()), "--ncu-runner",
            str(record.problem), str(solution), "--forwards", str(forwards)]
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(out / "ncu" / "torch_extensions"))
     v = entry.get("verdict") or {}
     judge_ms = (v.get("runtime") or {}).get("median_ms")
     result = {"key": record.key, "level": record.level, "judge_ms": judge_ms, "forwards": forwards,
@@ -1140,7 +1179,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "classified by the same rules, to OUT/prescreen.json and prescreen.md")
     p.add_argument("--ncu-sample", type=int, default=0, help="profile K correct solutions under ncu (cuda)")
     p.add_argument("--ncu-forwards", type=int, default=3, help="profiled forwards per solution (default 3)")
-    p.add_argument("--ncu-timeout", type=float, default=900.0, help="limit on one ncu run (s)")
+    p.add_argument("--ncu-timeout", type=float, default=900.0, help="limit on one ncu run, and on one build ahead of it (s)")
+    p.add_argument("--ncu-build-parallel", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                   help="sampled solutions built at once before the profiled runs (default: half the cores, at most 8)")
     args = p.parse_args(argv)
     for name in ("sample", "workers", "ncu_forwards"):
         value = getattr(args, name)
@@ -1152,6 +1193,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--time-budget must be positive (minutes)")
     if args.ncu_sample < 0 or args.near_factor < 1:
         p.error("--ncu-sample must be 0 or more and --near-factor at least 1")
+    if args.ncu_build_parallel < 1:
+        p.error("--ncu-build-parallel must be at least 1")
     return args
 
 
@@ -1257,6 +1300,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             by_key = {r.key: r for r in records}
             picked = pick_ncu(list(by_key.values()), results, args.ncu_sample, args.seed)
+            t0 = time.monotonic()
+            failed = prebuild_ncu(picked, args.out, args.ncu_build_parallel, args.ncu_timeout)
+            print(f"ncu sample: {len(picked)} solutions built ahead in {time.monotonic() - t0:.0f} s "
+                  f"({len(failed)} failed), {args.ncu_build_parallel} at once", file=sys.stderr)
             ncu = [run_ncu(r, results[r.key], args.out, args.ncu_forwards, args.ncu_timeout) for r in picked]
             ncu_note = (f"{len(ncu)} correct solutions profiled (clock control off, L2 flushed before each "
                         f"forward, {args.ncu_forwards} forwards each)")

@@ -825,3 +825,25 @@ def test_compare_runs_names_other_verdicts_and_runtimes_apart():
     assert [(x["key"], x["source"], x["other_source"]) for x in c["apart"]] == [("b", "gated", "events")]
     assert c["apart"][0]["ratio"] == pytest.approx(0.065 / 0.049)
     assert "3 records judged in both runs, 1 with another verdict" in fid.compare_sentence(c)
+
+
+@pytest.mark.slow
+def test_ncu_sample_builds_ahead_in_folders_of_its_own_and_the_run_loads_those_builds(tmp_path):
+    """The sampled solutions are compiled before any profiled run, several at once, each into its
+    own extensions folder (two published solutions may name their extension alike); the runner then
+    finds its build there and compiles nothing. On the CPU here (C++ load_inline, no profiler)."""
+    assets = make_corpus(tmp_path / "corpus")
+    records = {r.key: r for r in fid.load_corpus(assets).records}
+    good, broken = records["l1_p1_model-a"], next(r for r in records.values() if "fid_broken_cpu" in r.code)
+    out = tmp_path / "out"
+    failed = fid.prebuild_ncu([good, broken], out, parallel=2, timeout_s=600, device="cpu")
+    assert list(failed) == [broken.key] and "build exit" in failed[broken.key]
+    built = list((out / "ncu" / good.key / "torch_extensions").rglob("*.so"))
+    assert len(built) == 1, built
+    stamp = built[0].stat().st_mtime_ns
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(out / "ncu" / good.key / "torch_extensions"))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--ncu-runner", str(good.problem),
+                           str(out / "ncu" / good.key / "solution.py"), "--forwards", "1", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert built[0].stat().st_mtime_ns == stamp  # loaded, not built again
