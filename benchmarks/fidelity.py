@@ -796,6 +796,12 @@ def ncu_runner(argv: list[str]) -> int:
     return 0
 
 
+def _runner(record: Record, folder: Path) -> list[str]:
+    """The command line of the trusted runner (`--ncu-runner`) on the record's solution in `folder`."""
+    return [sys.executable, str(Path(__file__).resolve()), "--ncu-runner", str(record.problem),
+            str(folder / "solution.py")]
+
+
 def _ncu_folder(record: Record, out: Path) -> tuple[Path, dict]:
     """The record's folder under OUT/ncu (its solution.py written there) and the environment its
     runs use: a torch extensions folder of its own, so that a build made ahead (`prebuild_ncu`) is
@@ -816,8 +822,7 @@ def prebuild_ncu(records: list[Record], out: Path, parallel: int, timeout_s: flo
 
     def build(record: Record) -> tuple[str, str | None]:
         folder, env = _ncu_folder(record, out)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--ncu-runner", str(record.problem),
-               str(folder / "solution.py"), "--build-only", "--device", device]
+        cmd = _runner(record, folder) + ["--build-only", "--device", device]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
@@ -834,13 +839,11 @@ def prebuild_ncu(records: list[Record], out: Path, parallel: int, timeout_s: flo
 def run_ncu(record: Record, entry: dict, out: Path, forwards: int, timeout_s: float) -> dict:
     ncu = shutil.which("ncu")
     folder, env = _ncu_folder(record, out)
-    solution = folder / "solution.py"
     log = folder / "ncu.csv"
     log.unlink(missing_ok=True)
     cmd = [ncu, "--csv", "--print-units", "base", "--metrics", "gpu__time_duration.sum",
            "--profile-from-start", "off", "--clock-control", "none", "--target-processes", "all",
-           "--log-file", str(log), sys.executable, str(Path(__file__).resolve()), "--ncu-runner",
-           str(record.problem), str(solution), "--forwards", str(forwards)]
+           "--log-file", str(log), *_runner(record, folder), "--forwards", str(forwards)]
     v = entry.get("verdict") or {}
     judge_ms = (v.get("runtime") or {}).get("median_ms")
     result = {"key": record.key, "level": record.level, "judge_ms": judge_ms, "forwards": forwards,

@@ -94,9 +94,10 @@ def rebuild(setup: Setup, ref: Reference, config: JudgeConfig) -> None:
     constructs ModelNew (the judge's second round): both start from the same state again."""
     if not setup.stateful:
         return
+    # dropped first, so the new model takes the old one's blocks from the allocator's cache; not
+    # handed back to the driver (empty_cache): a free on the GPU slows memory-bound kernels in other
+    # processes for a while after (README, "Hardware truth"), and the next calls are timed
     setup.ref_model = setup.ref64 = None
-    if config.device == "cuda":
-        torch.cuda.empty_cache()
     _, setup.ref_model = _construct(ref, setup.init_seed, config)
 
 
@@ -159,9 +160,7 @@ def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) 
     stateful = after != before
     rebound = any(k not in after[1] or after[1][k][0] != mark[0] for k, mark in before[1].items())
     if after[0] != before[0] or rebound:
-        ref_model = None
-        if config.device == "cuda":
-            torch.cuda.empty_cache()
+        ref_model = items = None  # (every reference to its tensors: the new model reuses their blocks)
         init_args, ref_model = _construct(ref, init_seed, config)
         items = list(ref_model.state_dict().items())
         state_values = [t.detach().to("cpu", copy=True) for _, t in items]
