@@ -935,6 +935,12 @@ def test_the_output_size_probe_leaves_a_stateful_reference_as_constructed():
     plain = Task.from_source(head + "class Model(nn.Module):\n    def forward(self, x):\n        return x * 2\n" + tail,
                              name="plain")
     assert not make_setup(plain, Reference(plain), 7, cfg).stateful
+    # an empty parameter slot (bias=False) beside buffers a training-mode forward writes
+    no_bias = Task.from_source(head + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                               "        self.fc = nn.Linear(4, 4, bias=False)\n        self.bn = nn.BatchNorm1d(4)\n"
+                               "    def forward(self, x):\n        return self.bn(self.fc(x))\n" + tail, name="no_bias")
+    setup = make_setup(no_bias, Reference(no_bias), 7, cfg)
+    assert setup.stateful and setup.ref_model.fc.bias is None and int(setup.ref_model.bn.num_batches_tracked) == 0
     # random state drawn at construction is drawn as the candidate process draws it: right after the
     # seed, whatever get_init_inputs drew before
     drawn = Task.from_source(head + "class Model(nn.Module):\n    def __init__(self, k):\n        super().__init__()\n"

@@ -80,6 +80,11 @@ def _state_of(model: torch.nn.Module) -> tuple[dict, dict]:
     return plain, weights
 
 
+def _identity(mark):
+    """Which object a `_state_of` mark names: a tensor's id, or the value itself (None, a number)."""
+    return mark[0] if isinstance(mark, tuple) else mark
+
+
 def _construct(ref: Reference, init_seed: int, config: JudgeConfig) -> tuple[list, torch.nn.Module]:
     torch.manual_seed(init_seed)
     init_args = list(ref.get_init_inputs())
@@ -158,7 +163,8 @@ def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) 
     # buffer no place to copy to, so then the model is built again.
     after = _state_of(ref_model)
     stateful = after != before
-    rebound = any(k not in after[1] or after[1][k][0] != mark[0] for k, mark in before[1].items())
+    # (a parameter or buffer slot may hold None, e.g. a layer built with bias=False)
+    rebound = any(k not in after[1] or _identity(after[1][k]) != _identity(mark) for k, mark in before[1].items())
     if after[0] != before[0] or rebound:
         ref_model = items = None  # (every reference to its tensors: the new model reuses their blocks)
         init_args, ref_model = _construct(ref, init_seed, config)
