@@ -44,6 +44,7 @@ judged with other settings); 3 the judge could not run (no such device, the pool
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import os
@@ -251,7 +252,6 @@ def read_results(out: Path) -> dict[str, dict]:
 def forget_results(out: Path, patterns: list[str]) -> list[str]:
     """Take the verdicts of records whose key matches any of `patterns` (fnmatch) out of the
     results file, so a rerun judges them again; the file is replaced in one step. Returns the keys."""
-    import fnmatch
 
     path = out / VERDICTS_FILE
     if not patterns or not path.is_file():
@@ -768,7 +768,9 @@ def ncu_runner(argv: list[str]) -> int:
     exec(compile(args.solution.read_text(), str(args.solution), "exec"), sol)
     torch.manual_seed(args.seed)
     init = [x.to(device) if isinstance(x, torch.Tensor) else x for x in ns["get_init_inputs"]()]
-    model = sol["ModelNew"](*init).to(device).eval()
+    # in the mode the judge (and KernelBench) runs it: as constructed, training mode, under no_grad;
+    # eval() would switch a BatchNorm solution to its running statistics, another kernel
+    model = sol["ModelNew"](*init).to(device)
     if args.build_only:
         print(json.dumps({"built": True}), file=sys.stderr)
         return 0
@@ -1177,6 +1179,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rejudge", action="append", default=[], metavar="GLOB",
                    help="judge again the records whose key matches (e.g. 'l3_p15_*'; repeatable): their "
                         "verdicts are taken out of OUT/verdicts.jsonl first")
+    p.add_argument("--only", action="append", default=[], metavar="GLOB",
+                   help="of the sample, judge (and report) only the records whose key matches (repeatable): "
+                        "a few records under other settings, in an output folder of their own")
     p.add_argument("--prescreen", action="store_true",
                    help="no device: the judge's static checks (policy, compiler flags) over the records, "
                         "classified by the same rules, to OUT/prescreen.json and prescreen.md")
@@ -1250,6 +1255,10 @@ def main(argv: list[str] | None = None) -> int:
         config = judge_config(args)
         settings = settings_of(config)
         records = stratified_sample(corpus.records, args.sample, args.seed)
+        if args.only:
+            records = [r for r in records if any(fnmatch.fnmatchcase(r.key, g) for g in args.only)]
+            if not records:
+                raise UsageError(f"--only {' '.join(args.only)}: no record of the sample matches")
         if args.compare is not None and not (args.compare / VERDICTS_FILE).is_file():
             raise UsageError(f"--compare {args.compare}: no {VERDICTS_FILE} there")
         if args.prescreen:
