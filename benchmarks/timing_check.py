@@ -404,12 +404,18 @@ def main() -> int:
     ap.add_argument("--cases", nargs="+", choices=[c[0] for c in CASES], metavar="CASE",
                     help=f"only these cases (instead of --sizes): {', '.join(c[0] for c in CASES)}")
     ap.add_argument("--no-ncu", action="store_true")
+    ap.add_argument("--bandwidth-probe", action="store_true",
+                    help="after each evaluation's calls, time y = 2x on its largest input in the candidate process "
+                         "and in the judge's, reading the shared region and a copy in the process's own memory "
+                         "(timing.bandwidth_probe; printed and kept in the verdict's notes)")
     ap.add_argument("--gate-release", default="process",
                     help="who opens a timed call's gate (JudgeConfig.gate_release): process, judge, or "
                          "both (every condition twice; the judge's columns are suffixed '/judge')")
     ap.add_argument("-c", "--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a JudgeConfig field in every condition, e.g. -c release_writes=host")
     args = ap.parse_args()
+    if args.bandwidth_probe:
+        os.environ["CUDA_AGENT_BANDWIDTH_PROBE"] = "1"  # read by the judge in this process (harness.py)
     if args.gate_release not in ("process", "judge", "both"):
         ap.error("--gate-release: process, judge or both")
 
@@ -477,6 +483,9 @@ def main() -> int:
                                  **markers(v.calls),
                                  "notes": v.notes, "failure": v.failure.message[:300] if v.failure else None,
                                  "eager_ms": v.eager_ms}
+                    for note in v.notes:
+                        if note.startswith("bandwidth probe"):
+                            print(f"{cond:10s} {label:9s} {note}", flush=True)
                     print(f"{cond:10s} {label:9s} {row[cond]['runtime_ms']} ms ({row[cond]['source']}) "
                           f"eager={v.eager_ms} correct={v.correct} markers={markers(v.calls)} gpu={clocks.summary()} "
                           f"calls_memory={row[cond]['calls_memory']} "

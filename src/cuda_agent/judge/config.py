@@ -103,13 +103,23 @@ class JudgeConfig(BaseModel):
                             "in the process starts, so the call does not start with the GPU's address "
                             "translations evicted by the judge's own work between calls (a profiler's replay "
                             "finds them warm). Puts one cache line per page into the L2")
+    stage_inputs: bool = Field(
+        True, description="CUDA, GPU region, with the process's release: once the judge has written a call's "
+                          "inputs, the process copies them into its own GPU memory (untimed, before the call's "
+                          "clock starts on either side) and the call reads that copy; after the clock, the copy "
+                          "goes back for the judge's check of the inputs. On an H200 a kernel streams memory mapped "
+                          "from the judge's process (CUDA IPC) ~20% slower than the process's own (1 GB y = 2x: "
+                          "0.645 against 0.523 ms, timing_check.py --bandwidth-probe), a cost Nsight Compute's "
+                          "run never pays. The judge's release (the second round) still reads the region")
     keep_gpu_plane: bool = Field(
         False, description="CUDA: keep the GPU region shared with candidate processes (their calls' inputs and "
                            "outputs) from one process to the next, zeroed in between, instead of freeing it "
                            "after each and allocating the next: GPU memory that a live process frees slows a "
                            "memory-bound kernel in another process for a while after (benchmarks/"
                            "judge_replica.py --conditions frees: a 1 GB elementwise kernel 0.54 -> 0.60 ms), "
-                           "and every baseline and candidate process the judge starts follows such a free. "
+                           "and every baseline and candidate process the judge starts follows such a free "
+                           "(measured in the judge on an H200: no effect, the 1 GB kernel 0.640-0.646 ms either "
+                           "way; its slowness was the region's IPC mapping, see stage_inputs). "
                            "Grown (freed, then allocated larger) when a task needs more; held while the judge lives")
     poison_outputs: bool = Field(
         True, description="CUDA: before each call, fill a block of the outputs' size with NaN bytes and free it, so "

@@ -62,8 +62,8 @@ from .reference import expected64 as reference_expected64
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
 from .supply import WorkerSupply, ZygoteHolder
-from .tensorio import TransportError, pack, packed_end, perturbed, snapshot, staged, unpack
-from .timing import RELEASE_WAIT_S, reconcile, summarize
+from .tensorio import TransportError, leaves, pack, packed_end, perturbed, snapshot, staged, unpack
+from .timing import RELEASE_WAIT_S, CacheFlusher, bandwidth_probe, reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
 from .verdict_cache import VerdictCache
 
@@ -465,7 +465,7 @@ class Judge:
                 library=str(proc.spec.workdir / "cuda_extension.so") if library else None,
                 init_args=init_meta, state=state_meta, state_names=setup.state_names,
                 init_seed=setup.init_seed, flush=cfg.flush_l2, flush_inputs=self._flushes_inputs,
-                touch_pages=self._touches_pages, trusted=trusted,
+                touch_pages=self._touches_pages, stage_inputs=cfg.stage_inputs and shared is not None, trusted=trusted,
                 observer=str(proc.spec.workdir / obs.FILE), policy=cfg.policy,
                 poison_bytes=setup.out_bytes if self.device == "cuda" and cfg.poison_outputs else 0,
                 gpu_plane=shared.handle.hex() if shared is not None else None,
@@ -475,6 +475,11 @@ class Judge:
             session.judge_release = (judge_release and shared is not None
                                      and session.ready.get("gpu_plane") is True
                                      and session.ready.get("judge_release") is True)
+            session.staged = (cfg.stage_inputs and shared is not None and session.ready.get("gpu_plane") is True
+                              and session.ready.get("staged_inputs") is True)
+            if cfg.stage_inputs and shared is not None and session.ready.get("staging_error"):
+                ev.verdict.notes.append("inputs not staged in the process's memory (calls read the shared region): "
+                                        + str(session.ready.get("staging_error"))[:200])
             if shared is not None and session.ready.get("gpu_plane") is not True:
                 # The process could not map the GPU region: calls go through the host plane.
                 ev.note_gpu_plane_problem(str(session.ready.get("gpu_plane_error"))[:300])
@@ -597,6 +602,15 @@ class Judge:
                 meta = pack(inputs, session.calls, 0, plane.in_size)
                 if session.shared is not None:
                     torch.cuda.synchronize()  # the inputs are in place before the process hears of them
+                if session.staged:
+                    # copied into the process's own memory before the clock starts (JudgeConfig.stage_inputs)
+                    chan.send({"op": "stage", "inputs": meta})
+                    done = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+                    if not done.get("ok"):
+                        ev.reported_error(done)
+                    if done.get("op") != "staged":
+                        raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not stage its inputs")
+                    t_send = time.perf_counter()
             else:
                 meta = pack(inputs, None, 0, plane.in_size)  # the layout now, the bytes at the release
                 # staged in host memory now, so that the release's write is an H2D copy of the copy
@@ -605,7 +619,8 @@ class Judge:
             # The kernels a call launches are listed on the checked calls: CUDA's activity tracing adds
             # ~20 us of GPU time per kernel on an H200, which would be timed with the kernel. The
             # operators it runs are observed on every call (observer.cpp), at no such cost.
-            chan.send({"op": "call", "index": i, "inputs": meta, "kernels": checked, "release": release})
+            chan.send({"op": "call", "index": i, "inputs": meta, "kernels": checked, "release": release,
+                       "staged": session.staged and release is None})
             limit_s = cfg.build_timeout_s if i - first_index < compiling_calls else cfg.call_timeout_s
             until = min(deadline, time.monotonic() + limit_s)
             answered = None
@@ -627,6 +642,13 @@ class Judge:
             split["candidate"] += t_reply - t_prepare
             if not reply.get("ok"):
                 ev.reported_error(reply)
+            if session.staged and release is None and reply.get("ok"):
+                # the staged inputs, back in the region after the clock (worker.py), before they are read
+                back = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
+                if not back.get("ok"):
+                    ev.reported_error(back)
+                if back.get("op") != "inputs_back":
+                    raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not return its staged inputs")
             if dev == "cuda" and checked:
                 # the kernels the call launched follow its reply, outside the call's clock (worker.py)
                 listed = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
@@ -688,7 +710,22 @@ class Judge:
                                        f"no call to serve ({idle_wall * 1e3:.0f} ms): work outside the timed calls")
         if len(inside) < 2:
             raise _Stop(FC.JUDGE, "too few timed calls to report a time")
+        if dev == "cuda" and session.shared is not None and os.environ.get("CUDA_AGENT_BANDWIDTH_PROBE") == "1":
+            self._bandwidth_probe(session, deadline, ev, leaves(inputs))
         return inside, outside
+
+    def _bandwidth_probe(self, session: Session, deadline: float, ev: Evaluation, inputs: list) -> None:
+        """timing.bandwidth_probe in the candidate process and in the judge's own, on the largest
+        input of the last call, noted in the verdict (a diagnostic of memory-bound timing)."""
+        session.chan.send({"op": "bandwidth"})
+        got = session.recv(min(deadline, time.monotonic() + self.config.call_timeout_s), "bandwidth probe")
+        mine: dict = {}
+        big = max((t for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()),
+                  key=lambda t: t.numel(), default=None)
+        if big is not None:
+            mine = bandwidth_probe(big.to("cuda"), CacheFlusher("cuda"))
+        ev.verdict.notes.append("bandwidth probe (ms): " + json.dumps({"process": got.get("ms") or got.get("message"),
+                                                                        "judge": mine}))
 
     def _check_call(self, session: Session, i: int, role: str, inputs: list, meta: list, expected: list,
                     reply: CallReply, claimed: float | None, measured: float, ev: Evaluation, deadline: float,
@@ -865,6 +902,8 @@ class Judge:
             keyed += "+touch-pages"
         if self.device == "cuda" and not cfg.poison_outputs:
             keyed += "+no-poison"
+        if self.device == "cuda" and cfg.stage_inputs and not judge_release:
+            keyed += "+staged"  # the calls read inputs in the process's own memory: faster for large ones
         bkey = BaselineKey(harness_version=_HARNESS_VERSION, task_id=task.id, device_name=self.device_name,
                            torch_version=torch.__version__, mode=keyed, flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
                            n_warmup=cfg.n_warmup)

@@ -62,6 +62,7 @@ class InitRequest(TypedDict):
     flush: bool
     flush_inputs: str              # CUDA: flush again once a call's inputs are in place: on, auto, off (JudgeConfig)
     touch_pages: bool              # CUDA: touch the inputs' and outputs' pages before the clock (JudgeConfig)
+    stage_inputs: bool             # CUDA, GPU region: calls read a copy of their inputs in the process's memory
     trusted: bool                  # a reference or baseline: no candidate policy
     observer: str                  # the judge's operator observer library
     policy: str
@@ -79,13 +80,23 @@ class CallRequest(TypedDict):
     inputs: list
     kernels: bool                  # list the CUDA kernels launched (checked calls only)
     release: int | None            # the judge writes the inputs and this token at its release (timing.py)
+    staged: bool                   # read the inputs from the process's copy made by `stage` (the reply is
+                                   # then followed by `inputs_back`, the copy written back to the region)
 
 
 class OpRequest(TypedDict):
     """Judge -> worker: `prepare` (untimed: flush caches, poison the allocator), `echo` (send the
-    inputs back as forward left them) or `exit`."""
+    inputs back as forward left them), `bandwidth` (a diagnostic, timing.bandwidth_probe) or `exit`."""
 
-    op: Literal["prepare", "echo", "exit"]
+    op: Literal["prepare", "echo", "bandwidth", "exit"]
+
+
+class StageRequest(TypedDict):
+    """Judge -> worker, untimed, once a call's inputs are in the GPU region: copy them into the
+    process's own memory (answered by `staged`)."""
+
+    op: Literal["stage"]
+    inputs: list                   # the call's metadata, as `call` will carry it
 
 
 class BuildRequest(TypedDict):
@@ -133,6 +144,8 @@ class Ready(TypedDict, total=False):
     landlock: bool | None          # kept out of the judge's work root (sandbox.landlock_confined)
     timing_gate: str | None        # why calls are timed without the gate, if they are
     judge_release: bool            # its gate polls the control page: the judge can open it
+    staged_inputs: bool            # a block of its own memory holds each call's inputs (stage_inputs)
+    staging_error: str | None      # why it does not
 
 
 class Enqueued(TypedDict, total=False):

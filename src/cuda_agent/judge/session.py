@@ -27,6 +27,7 @@ class Session:
         self.memory_limit_mb, self.disk_limit_mb = memory_limit_mb, disk_limit_mb
         self.ready: Ready | dict = {}
         self.judge_release = False  # the judge writes each call's inputs and opens its gate (timing.py)
+        self.staged = False  # each call reads a copy of its inputs in the process's own memory (stage_inputs)
         # per timed call, aligned with the times `_drive` returns: the round trip of the untimed
         # request just before it (the protocol's cost under the load of that moment) and how the
         # candidate process says it timed the call

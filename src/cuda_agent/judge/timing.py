@@ -356,6 +356,33 @@ def touch_pages(tensors) -> None:
             t.detach().reshape(-1).view(torch.uint8)[::PAGE_STRIDE].max()
 
 
+def bandwidth_probe(x: torch.Tensor, flusher: "CacheFlusher", reps: int = 5) -> dict[str, float]:
+    """A diagnostic of where a memory-bound kernel loses time (`timing_check.py --bandwidth-probe`):
+    the median ms of `y = 2x` over the largest of a call's inputs, L2 flushed before each, timed by
+    CUDA events in the calling process: read from `x` where it lies (the judge's shared region, in a
+    candidate process) or from a copy in this process's own memory, back to back or after the
+    flush alone. Trusted code only: the judge asks for it after the calls, never for a verdict."""
+    x = x.detach().reshape(-1)
+    y = torch.empty_like(x)
+    own = x.clone()
+    out: dict[str, float] = {}
+    for name, src in (("shared", x), ("own", own)):
+        for back_to_back in (False, True):
+            times = []
+            for _ in range(reps):
+                if not back_to_back:
+                    flusher.flush()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.mul(src, 2.0, out=y)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            out[f"{name}{'_b2b' if back_to_back else ''}"] = round(sorted(times)[len(times) // 2], 4)
+    out["mb"] = round(x.numel() * x.element_size() / 2**20, 1)
+    return out
+
+
 def flushes_after_inputs(mode: str, inputs, l2_bytes: int) -> bool:
     """Whether a call's L2 is flushed again once its inputs are written (JudgeConfig.flush_after_inputs):
     "on" always, "off" never, "auto" where the inputs together exceed the L2 (`l2_bytes`). Inputs
