@@ -902,6 +902,7 @@ def test_the_output_size_probe_leaves_a_stateful_reference_as_constructed():
     from pathlib import Path
 
     from cuda_agent.judge.reference import Reference, make_setup, rebuild
+    from cuda_agent.judge.tensorio import nbytes_of
     from cuda_agent.tasks import Task, load_task_file
 
     cfg = JudgeConfig(device="cpu")
@@ -934,7 +935,16 @@ def test_the_output_size_probe_leaves_a_stateful_reference_as_constructed():
     assert setup.stateful and float(setup.ref_model.steps) == 0.0
     plain = Task.from_source(head + "class Model(nn.Module):\n    def forward(self, x):\n        return x * 2\n" + tail,
                              name="plain")
-    assert not make_setup(plain, Reference(plain), 7, cfg).stateful
+    setup = make_setup(plain, Reference(plain), 7, cfg)
+    assert not setup.stateful
+    # the block a CUDA process stages one call's inputs in: theirs in the transport (64-byte aligned), no weights
+    assert setup.call_in_bytes == nbytes_of([torch.zeros(16, 4)]) + (1 << 20)
+    wide = Task.from_source(head + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                            "        self.fc = nn.Linear(256, 256)\n    def forward(self, x):\n        return self.fc(x)\n"
+                            "def get_inputs():\n    return [torch.randn(2, 256)]\ndef get_init_inputs():\n    return []\n",
+                            name="wide")
+    setup = make_setup(wide, Reference(wide), 7, cfg)  # the transport holds the weights too, the staging block not
+    assert setup.call_in_bytes == nbytes_of([torch.zeros(2, 256)]) + (1 << 20) < setup.in_bytes
     # an empty parameter slot (bias=False) beside buffers a training-mode forward writes
     no_bias = Task.from_source(head + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                                "        self.fc = nn.Linear(4, 4, bias=False)\n        self.bn = nn.BatchNorm1d(4)\n"

@@ -49,7 +49,7 @@ _UNSCORED_FIELDS = {"cache_dir", "sandbox_uid", "use_zygote", "device_lock"}
 # Settings added after runs were stored, with the value that keeps the judge's earlier behaviour:
 # at that value they leave the digest as it was, so those runs still resume.
 _LATER_DEFAULTS = {"gate_release": "process", "release_writes": "device", "flush_after_inputs": "off",
-                   "touch_pages": False, "approx_rel_l2": 0.0, "keep_gpu_plane": False}
+                   "touch_pages": False, "approx_rel_l2": 0.0, "keep_gpu_plane": False, "stage_inputs": False}
 
 
 class BenchItem(BaseModel):

@@ -110,7 +110,9 @@ class JudgeConfig(BaseModel):
                           "goes back for the judge's check of the inputs. On an H200 a kernel streams memory mapped "
                           "from the judge's process (CUDA IPC) ~20% slower than the process's own (1 GB y = 2x: "
                           "0.645 against 0.523 ms, timing_check.py --bandwidth-probe), a cost Nsight Compute's "
-                          "run never pays. The judge's release (the second round) still reads the region")
+                          "run never pays. Costs the process a block of one call's inputs' size and two "
+                          "untimed device copies per call. The judge's release (the second round) still reads "
+                          "the region")
     keep_gpu_plane: bool = Field(
         False, description="CUDA: keep the GPU region shared with candidate processes (their calls' inputs and "
                            "outputs) from one process to the next, zeroed in between, instead of freeing it "

@@ -62,7 +62,8 @@ class InitRequest(TypedDict):
     flush: bool
     flush_inputs: str              # CUDA: flush again once a call's inputs are in place: on, auto, off (JudgeConfig)
     touch_pages: bool              # CUDA: touch the inputs' and outputs' pages before the clock (JudgeConfig)
-    stage_inputs: bool             # CUDA, GPU region: calls read a copy of their inputs in the process's memory
+    stage_inputs: int              # CUDA, GPU region: bytes of the block in the process's own memory where
+                                   # calls read a copy of their inputs (0: they read the region)
     trusted: bool                  # a reference or baseline: no candidate policy
     observer: str                  # the judge's operator observer library
     policy: str

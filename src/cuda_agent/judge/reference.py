@@ -55,6 +55,9 @@ class Setup:
     # attribute, training-mode BatchNorm's running statistics): the reference must then see the
     # same calls as the candidate's model, from the same construction (`rebuild`).
     stateful: bool = False
+    # What one call's inputs take in the transport (with its alignment slack): the size of the block a
+    # CUDA process stages them in (JudgeConfig.stage_inputs), where in_bytes also covers the weights.
+    call_in_bytes: int = 0
 
 
 def _state_of(model: torch.nn.Module) -> tuple[dict, dict]:
@@ -184,7 +187,7 @@ def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) 
     outputs = [(list(t.shape), str(t.dtype).removeprefix("torch.")) if isinstance(t, torch.Tensor) else None
                for t in probe]
     return Setup(init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs,
-                 stateful=stateful)
+                 stateful=stateful, call_in_bytes=nbytes_of(probe_inputs) + (1 << 20))
 
 
 def expected64(setup: Setup, inputs: list, config: JudgeConfig) -> list | None:

@@ -485,7 +485,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     try:
         calls = plane.view  # where per-call inputs and outputs travel
         shared = None
-        staging = None  # this process's copy of the input half of the GPU region (stage_inputs)
+        staging = None  # this process's block for a copy of each call's inputs (stage_inputs)
         staging_error = None
         if device == "cuda":
             torch.cuda.init()
@@ -504,7 +504,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 # a kernel streams memory mapped from another process (CUDA IPC) ~20% slower than its
                 # own on an H200 (timing.bandwidth_probe), which Nsight Compute's run never pays.
                 try:
-                    staging = torch.empty(plane.in_size, dtype=torch.uint8, device="cuda")
+                    stage_bytes = min(int(init["stage_inputs"]), plane.in_size)  # one call's inputs, not the weights
+                    staging = torch.empty(stage_bytes, dtype=torch.uint8, device="cuda")
                 except Exception as exc:  # out of memory: the calls read the region itself
                     staging_error = f"{type(exc).__name__}: {exc}"[:300]
             if shared is None:
@@ -709,13 +710,14 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             continue
         try:
             # Views of the judge's memory (the GPU region, or on the CPU the host plane), so any
-            # write to them shows there; only CUDA over the host plane needs the echo.
+            # write to them shows there; only CUDA over the host plane needs the echo. Staged
+            # (stage_inputs), views of this process's copy, written back after the clock.
             held.append(inputs)
             release = msg.get("release") if device == "cuda" else None
             release = int(release) if isinstance(release, int) and not isinstance(release, bool) else None
             staged = staging is not None and release is None and msg.get("staged") is True
-            inputs = unpack(msg["inputs"], staging if staged else calls, 0, plane.in_size, device,
-                            share=device == "cpu")
+            inputs = unpack(msg["inputs"], staging if staged else calls, 0,
+                            staging.numel() if staged else plane.in_size, device, share=device == "cpu")
             staged_bytes = packed_end(msg["inputs"]) if staged else 0
             if release is None and flushes_after_inputs(flush_inputs, leaves(inputs), flusher.l2_bytes):
                 # `prepare` flushed before the inputs were written: their last lines sit dirty in the
