@@ -22,7 +22,7 @@ from 10 us, within 2% from 1 ms, loaded as alone. `--cases ewt-32M ewt-256M`: th
 with a plain-PyTorch ModelNew, judged and profiled the same way (see CASES).
 
     python benchmarks/timing_check.py [--out DIR] [--sizes small|all | --cases CASE ...] [--load-all] [--no-ncu]
-                                       [--gate-release process|judge|both] [-c KEY=VALUE ...]
+                                       [--gate-release process|judge|both] [--bandwidth-probe] [-c KEY=VALUE ...]
 """
 
 from __future__ import annotations
