@@ -838,6 +838,32 @@ def prebuild_ncu(records: list[Record], out: Path, parallel: int, timeout_s: flo
         return {key: why for key, why in pool.map(build, records) if why is not None}
 
 
+# Where a judge runtime and the summed kernel time of a forward are not the same quantity: a forward
+# with this many launches or more, idle gaps between them above LAUNCH_GAP_MS each on average, or
+# one shorter than SHORT_FORWARD_MS (the gate's start and end markers take ~1 us of it).
+MANY_LAUNCHES = 20
+LAUNCH_GAP_MS = 0.003
+SHORT_FORWARD_MS = 0.01
+
+
+def ncu_reading(judge_ms: float | None, source: str | None, ncu_ms: float | None,
+                kernels_per_forward: float | None) -> str:
+    """Why a judge/ncu ratio is not expected to be 1, or "" where it is (an honest kernel-bound
+    forward timed behind the gate): the judge times a forward, Nsight Compute sums its kernels."""
+    if not judge_ms or not ncu_ms:
+        return ""
+    if source == "events":
+        return "timed by events: the forward waits on the host inside the call"
+    if source == "outside":
+        return "the judge's own clock (the claims disagreed with it)"
+    launches = kernels_per_forward or 0
+    if launches >= MANY_LAUNCHES and (judge_ms - ncu_ms) / launches > LAUNCH_GAP_MS:
+        return f"{launches:g} launches a forward: the GPU idles between them"
+    if ncu_ms < SHORT_FORWARD_MS:
+        return "under 10 us of kernels: the gate's markers (~1 us) weigh"
+    return ""
+
+
 def run_ncu(record: Record, entry: dict, out: Path, forwards: int, timeout_s: float) -> dict:
     ncu = shutil.which("ncu")
     folder, env = _ncu_folder(record, out)
@@ -848,8 +874,9 @@ def run_ncu(record: Record, entry: dict, out: Path, forwards: int, timeout_s: fl
            "--log-file", str(log), *_runner(record, folder), "--forwards", str(forwards)]
     v = entry.get("verdict") or {}
     judge_ms = (v.get("runtime") or {}).get("median_ms")
-    result = {"key": record.key, "level": record.level, "judge_ms": judge_ms, "forwards": forwards,
-              "ncu_ms": None, "kernels_per_forward": None, "ratio": None, "error": None}
+    result = {"key": record.key, "level": record.level, "judge_ms": judge_ms,
+              "source": (v.get("runtime") or {}).get("source"), "forwards": forwards,
+              "ncu_ms": None, "kernels_per_forward": None, "ratio": None, "reading": "", "error": None}
     from cuda_agent.judge.devlock import counters_lock
 
     try:
@@ -870,7 +897,13 @@ def run_ncu(record: Record, entry: dict, out: Path, forwards: int, timeout_s: fl
     result["kernels_per_forward"] = len(kernels) / forwards
     if judge_ms and result["ncu_ms"]:
         result["ratio"] = judge_ms / result["ncu_ms"]
+    result["reading"] = ncu_reading(judge_ms, result["source"], result["ncu_ms"], result["kernels_per_forward"])
     return result
+
+
+def _ncu_row_note(x: dict) -> str:
+    """A profiled record's error, else why its ratio is not expected to be 1 (`ncu_reading`)."""
+    return x.get("error") or x.get("reading") or ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1056,7 +1089,7 @@ def markdown(report: dict) -> str:
             lines += ["| record | judge ms | ncu ms | judge/ncu | kernels/forward | note |",
                       "|---|---|---|---|---|---|"]
             lines += [f"| {x['key']} | {_fmt(x['judge_ms'])} | {_fmt(x['ncu_ms'])} | {_fmt(x['ratio'])} | "
-                      f"{_fmt(x['kernels_per_forward'])} | {x['error'] or ''} |" for x in report["ncu"]]
+                      f"{_fmt(x['kernels_per_forward'])} | {_ncu_row_note(x)} |" for x in report["ncu"]]
     c = report.get("compare")
     if c:
         lines += ["", f"## Against another run ({c['folder']})", "", compare_sentence(c)]
@@ -1144,8 +1177,9 @@ def print_report(report: dict) -> None:
     if report["ncu_note"]:
         console.print(report["ncu_note"])
     for x in report["ncu"] or []:
+        note = _ncu_row_note(x)
         console.print(f"ncu {x['key']}: judge {_fmt(x['judge_ms'])} ms, kernels {_fmt(x['ncu_ms'])} ms per forward, "
-                      f"ratio {_fmt(x['ratio'])}" + (f" ({x['error']})" if x["error"] else ""))
+                      f"ratio {_fmt(x['ratio'])}" + (f" ({note})" if note else ""))
 
 
 # ---------------------------------------------------------------------------------------------
