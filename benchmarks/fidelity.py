@@ -252,7 +252,6 @@ def read_results(out: Path) -> dict[str, dict]:
 def forget_results(out: Path, patterns: list[str]) -> list[str]:
     """Take the verdicts of records whose key matches any of `patterns` (fnmatch) out of the
     results file, so a rerun judges them again; the file is replaced in one step. Returns the keys."""
-
     path = out / VERDICTS_FILE
     if not patterns or not path.is_file():
         return []

@@ -63,7 +63,7 @@ from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
 from .supply import WorkerSupply, ZygoteHolder
 from .tensorio import TransportError, leaves, pack, packed_end, perturbed, snapshot, staged, unpack
-from .timing import RELEASE_WAIT_S, CacheFlusher, bandwidth_probe, reconcile, summarize
+from .timing import RELEASE_WAIT_S, CacheFlusher, bandwidth_probe, largest_floating, reconcile, summarize
 from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
 from .verdict_cache import VerdictCache
 
@@ -445,6 +445,7 @@ class Judge:
             except CudaIpcError as exc:
                 ev.note_gpu_plane_problem(str(exc))
                 plane.pin()
+        stage = cfg.stage_inputs and shared is not None  # the process asked to stage each call's inputs
         try:
             proc, chan = self._spawn(task, model_new, plane, library, ev)
         except BaseException:
@@ -466,7 +467,7 @@ class Judge:
                 init_args=init_meta, state=state_meta, state_names=setup.state_names,
                 init_seed=setup.init_seed, flush=cfg.flush_l2, flush_inputs=self._flushes_inputs,
                 touch_pages=self._touches_pages, trusted=trusted,
-                stage_inputs=setup.call_in_bytes if cfg.stage_inputs and shared is not None else 0,
+                stage_inputs=setup.call_in_bytes if stage else 0,
                 observer=str(proc.spec.workdir / obs.FILE), policy=cfg.policy,
                 poison_bytes=setup.out_bytes if self.device == "cuda" and cfg.poison_outputs else 0,
                 gpu_plane=shared.handle.hex() if shared is not None else None,
@@ -476,9 +477,9 @@ class Judge:
             session.judge_release = (judge_release and shared is not None
                                      and session.ready.get("gpu_plane") is True
                                      and session.ready.get("judge_release") is True)
-            session.staged = (cfg.stage_inputs and shared is not None and session.ready.get("gpu_plane") is True
+            session.staged = (stage and session.ready.get("gpu_plane") is True
                               and session.ready.get("staged_inputs") is True)
-            if cfg.stage_inputs and shared is not None and session.ready.get("staging_error"):
+            if stage and session.ready.get("staging_error"):
                 ev.verdict.notes.append("inputs not staged in the process's memory (calls read the shared region): "
                                         + str(session.ready.get("staging_error"))[:200])
             if shared is not None and session.ready.get("gpu_plane") is not True:
@@ -606,11 +607,7 @@ class Judge:
                 if session.staged:
                     # copied into the process's own memory before the clock starts (JudgeConfig.stage_inputs)
                     chan.send({"op": "stage", "inputs": meta})
-                    done = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
-                    if not done.get("ok"):
-                        ev.reported_error(done)
-                    if done.get("op") != "staged":
-                        raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not stage its inputs")
+                    self._next_op(session, ev, "staged", deadline, i, "stage its inputs")
                     t_send = time.perf_counter()
             else:
                 meta = pack(inputs, None, 0, plane.in_size)  # the layout now, the bytes at the release
@@ -645,18 +642,10 @@ class Judge:
                 ev.reported_error(reply)
             if session.staged and release is None and reply.get("ok"):
                 # the staged inputs, back in the region after the clock (worker.py), before they are read
-                back = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
-                if not back.get("ok"):
-                    ev.reported_error(back)
-                if back.get("op") != "inputs_back":
-                    raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not return its staged inputs")
+                self._next_op(session, ev, "inputs_back", deadline, i, "return its staged inputs")
             if dev == "cuda" and checked:
                 # the kernels the call launched follow its reply, outside the call's clock (worker.py)
-                listed = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
-                if not listed.get("ok"):
-                    ev.reported_error(listed)
-                if listed.get("op") != "kernels":
-                    raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not list its kernels")
+                listed = self._next_op(session, ev, "kernels", deadline, i, "list its kernels")
                 reply["kernels"] = listed.get("kernels")
                 reply["kernel_ms"] = listed.get("kernel_ms")
             claimed = _num(reply.get("inside_ms"))
@@ -715,14 +704,23 @@ class Judge:
             self._bandwidth_probe(session, deadline, ev, leaves(inputs))
         return inside, outside
 
+    def _next_op(self, session: Session, ev: Evaluation, op: str, deadline: float, i: int, what: str) -> dict:
+        """The message that must come next in call `i` (the worker's `op`), within a call's time
+        limit: an error reply ends the run as reported, any other message is tampering."""
+        got = session.recv(min(deadline, time.monotonic() + self.config.call_timeout_s), f"call {i}")
+        if not got.get("ok"):
+            ev.reported_error(got)
+        if got.get("op") != op:
+            raise _Stop(FC.TAMPERING, f"call {i}: the candidate process did not {what}")
+        return got
+
     def _bandwidth_probe(self, session: Session, deadline: float, ev: Evaluation, inputs: list) -> None:
         """timing.bandwidth_probe in the candidate process and in the judge's own, on the largest
         input of the last call, noted in the verdict (a diagnostic of memory-bound timing)."""
         session.chan.send({"op": "bandwidth"})
         got = session.recv(min(deadline, time.monotonic() + self.config.call_timeout_s), "bandwidth probe")
         mine: dict = {}
-        big = max((t for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()),
-                  key=lambda t: t.numel(), default=None)
+        big = largest_floating(inputs)
         if big is not None:
             mine = bandwidth_probe(big.to("cuda"), CacheFlusher("cuda"))
         ev.verdict.notes.append("bandwidth probe (ms): " + json.dumps({"process": got.get("ms") or got.get("message"),

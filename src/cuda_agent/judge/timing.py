@@ -356,6 +356,12 @@ def touch_pages(tensors) -> None:
             t.detach().reshape(-1).view(torch.uint8)[::PAGE_STRIDE].max()
 
 
+def largest_floating(tensors) -> torch.Tensor | None:
+    """The floating-point tensor with the most elements among `tensors` (the one a probe streams)."""
+    return max((t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()),
+               key=lambda t: t.numel(), default=None)
+
+
 def bandwidth_probe(x: torch.Tensor, flusher: "CacheFlusher", reps: int = 5) -> dict[str, float]:
     """A diagnostic of where a memory-bound kernel loses time (`timing_check.py --bandwidth-probe`):
     the median ms of `y = 2x` over the largest of a call's inputs, L2 flushed before each, timed by

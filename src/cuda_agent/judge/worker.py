@@ -430,7 +430,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     from . import observer as obs
     from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
     from .tensorio import TransportError, leaves, move_state, pack, packed_end, unpack
-    from .timing import GATE_KERNEL, CacheFlusher, CallTimer, bandwidth_probe, flushes_after_inputs, touch_pages
+    from .timing import (GATE_KERNEL, CacheFlusher, CallTimer, bandwidth_probe, flushes_after_inputs,
+                         largest_floating, touch_pages)
 
     sock = socket.socket(fileno=sock_fd)
     shared_error = None
@@ -695,8 +696,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if op == "bandwidth" and device == "cuda":
             # a diagnostic the judge asks for after the calls (timing.bandwidth_probe)
             try:
-                big = max((t for t in leaves(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()),
-                          key=lambda t: t.numel(), default=None)
+                big = largest_floating(leaves(inputs))
                 ms = {}
                 if big is not None and flusher.buf is not None and shared is not None:
                     # the region itself (the inputs may be this process's staged copy)
