@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cuda_agent.candidate import Candidate
 
+from . import launches as ln
 from . import observer as obs
 from .build import Builder, BuildError, BuildSpec
 from .buildplan import BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request
@@ -32,6 +33,8 @@ class CandidateBuilds:
         self.device = device
         self.policy = policy
         self._observer: Path | None = None
+        self._launches: Path | None = None
+        self.launches_problem: str | None = None  # why there is no launch observer (CUDA)
 
     def plan(self, candidate: Candidate) -> BuildPlan:
         """What the judge builds for `candidate` (see `cuda_agent.judge.buildplan`)."""
@@ -106,3 +109,17 @@ class CandidateBuilds:
             except BuildError as exc:
                 raise JudgeError(f"the judge's operator observer does not build: {exc}") from None
         return self._observer
+
+    def launches_library(self) -> Path | None:
+        """launches.cpp built once per toolchain, on CUDA; None where CUPTI's headers are missing
+        or the build fails (`launches_problem` says which; the workers then say so in each verdict)."""
+        if self._launches is None and self.launches_problem is None and self.device == "cuda":
+            built = ln.spec()
+            if built is None:
+                self.launches_problem = "no CUPTI headers where PyTorch's CUDA is"
+                return None
+            try:
+                self._launches = self.builder.build(built).library
+            except BuildError as exc:
+                self.launches_problem = f"the launch observer does not build: {str(exc)[:300]}"
+        return self._launches

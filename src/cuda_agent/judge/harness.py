@@ -41,6 +41,7 @@ from cuda_agent import host
 from cuda_agent.candidate import Candidate
 from cuda_agent.tasks import Task
 
+from . import launches as ln
 from . import observer as obs
 from . import policy as pol
 from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, BaselineStore, FileBaselineStore,
@@ -55,7 +56,7 @@ from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .devlock import DeviceLock
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
-from .protocol import CallReply, Channel, DataPlane, InitRequest, Ready
+from .protocol import MAX_KERNELS, CallReply, Channel, DataPlane, InitRequest, Ready
 from .reference import (Reference, Setup, fresh_inputs, make_setup, perturb_state, rebuild, reference_ops,
                         to_list)
 from .reference import expected64 as reference_expected64
@@ -148,6 +149,7 @@ class Judge:
         self._integrity = _package_files()
         self._references: dict[str, Reference] = {}
         self.builds = CandidateBuilds(self.builder, self.device, config.policy)
+        self.supply.launches_library = self.builds.launches_library
         # JudgeConfig.keep_gpu_plane: the GPU region kept from one process to the next, and its loan
         self._kept_region: SharedGpuBuffer | None = None
         self._region_loan: SharedGpuBuffer | None = None
@@ -469,6 +471,7 @@ class Judge:
                 touch_pages=self._touches_pages, trusted=trusted,
                 stage_inputs=setup.call_in_bytes if stage else 0,
                 observer=str(proc.spec.workdir / obs.FILE), policy=cfg.policy,
+                launches=str(proc.spec.workdir / ln.FILE) if (proc.spec.workdir / ln.FILE).exists() else None,
                 poison_bytes=setup.out_bytes if self.device == "cuda" and cfg.poison_outputs else 0,
                 gpu_plane=shared.handle.hex() if shared is not None else None,
                 require=proc.required_isolation())
@@ -482,6 +485,10 @@ class Judge:
             if stage and session.ready.get("staging_error"):
                 ev.verdict.notes.append("inputs not staged in the process's memory (calls read the shared region): "
                                         + str(session.ready.get("staging_error"))[:200])
+            if self.device == "cuda" and session.ready.get("launch_observer"):
+                ev.verdict.notes.append("kernels listed on the checked calls only (PyTorch's profiler), not on every "
+                                        "call: " + str(self.builds.launches_problem
+                                                       or session.ready.get("launch_observer"))[:200])
             if shared is not None and session.ready.get("gpu_plane") is not True:
                 # The process could not map the GPU region: calls go through the host plane.
                 ev.note_gpu_plane_problem(str(session.ready.get("gpu_plane_error"))[:300])
@@ -614,9 +621,10 @@ class Judge:
                 # staged in host memory now, so that the release's write is an H2D copy of the copy
                 # engines rather than kernels of the judge's context beside the candidate's gate
                 source = staged(inputs) if cfg.release_writes == "host" else inputs
-            # The kernels a call launches are listed on the checked calls: CUDA's activity tracing adds
-            # ~20 us of GPU time per kernel on an H200, which would be timed with the kernel. The
-            # operators it runs are observed on every call (observer.cpp), at no such cost.
+            # Every call reports the operators it ran (observer.cpp) and the kernels it launched
+            # (launches.cpp, host-side callbacks). CUDA's activity records of the kernels that ran
+            # are taken on the checked calls only: they add ~20 us of GPU time per kernel on an
+            # H200, which would be timed with the kernel.
             chan.send({"op": "call", "index": i, "inputs": meta, "kernels": checked, "release": release,
                        "staged": session.staged and release is None})
             limit_s = cfg.build_timeout_s if i - first_index < compiling_calls else cfg.call_timeout_s
@@ -646,7 +654,7 @@ class Judge:
             if dev == "cuda" and checked:
                 # the kernels the call launched follow its reply, outside the call's clock (worker.py)
                 listed = self._next_op(session, ev, "kernels", deadline, i, "list its kernels")
-                reply["kernels"] = listed.get("kernels")
+                reply["kernels"] = _strs(listed.get("kernels"))
                 reply["kernel_ms"] = listed.get("kernel_ms")
             claimed = _num(reply.get("inside_ms"))
             measured = cpu_ms if cpu_ms is not None else wall_ms
@@ -824,7 +832,11 @@ class Judge:
         self._check_echo(inputs, back, i)
         # every call's operators, checked, warm-up and timed alike; the kernels of the checked calls
         found = [] if session.trusted else pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
-        found += [] if session.trusted else pol.check_kernels(_strs(reply.get("kernels")), cfg.policy)
+        kernels = _strs(reply.get("launched")) + _strs(reply.get("kernels"))  # launched (every call), ran (checked)
+        found += [] if session.trusted else pol.check_kernels(kernels, cfg.policy)
+        if not session.trusted and any(isinstance(reply.get(k), list) and len(reply[k]) > MAX_KERNELS
+                                       for k in ("launched", "kernels")):
+            found.append(f"call {i} launched more than {MAX_KERNELS} distinct kernels (too many to check)")
         if found:
             v.policy_violations.extend(found)
             raise _Stop(FC.POLICY, found[0])
@@ -972,6 +984,7 @@ class Judge:
         # The judge's operator observer, loaded by the worker before anything of the task. Owned by
         # the judge (not chowned): the candidate's uid cannot rewrite it.
         shutil.copy2(self.builds.observer_library(), workdir / obs.FILE)
+        self.supply.place_launches(workdir)
         (workdir / "model_new.py").write_text(model_new)
         (workdir / "model.py").write_text(task.source)
         if library is not None:

@@ -66,6 +66,7 @@ class InitRequest(TypedDict):
                                    # calls read a copy of their inputs (0: they read the region)
     trusted: bool                  # a reference or baseline: no candidate policy
     observer: str                  # the judge's operator observer library
+    launches: str | None           # CUDA: the judge's launch observer library (None where it cannot be built)
     policy: str
     poison_bytes: int
     gpu_plane: str | None          # CUDA IPC handle of the shared GPU region (hex), or None
@@ -147,6 +148,7 @@ class Ready(TypedDict, total=False):
     judge_release: bool            # its gate polls the control page: the judge can open it
     staged_inputs: bool            # a block of its own memory holds each call's inputs (stage_inputs)
     staging_error: str | None      # why it does not
+    launch_observer: str | None    # CUDA: why kernel launches are not observed on every call (None: they are)
 
 
 class Enqueued(TypedDict, total=False):
@@ -156,6 +158,11 @@ class Enqueued(TypedDict, total=False):
     ok: Required[Literal[True]]
     op: Required[Literal["enqueued"]]
     early: bool                    # the judge had opened the gate before forward returned
+
+
+# The most distinct kernel names a call may report (launched, or ran); one more says that there
+# were more, which the judge refuses: a list cut short could hide a name the policy forbids.
+MAX_KERNELS = 4096
 
 
 class CallReply(TypedDict, total=False):
@@ -173,7 +180,8 @@ class CallReply(TypedDict, total=False):
     ops: list[str]                 # ATen operators the call ran (observer.cpp)
     flags_changed: list[str]       # global numeric settings changed
     blocked: list[str]
-    kernels: list[str]             # the CUDA kernels launched, from the `kernels` message below
+    launched: list[str] | None     # the CUDA kernels the call launched (launches.cpp); None without it
+    kernels: list[str]             # the CUDA kernels that ran, from the `kernels` message below
     kernel_ms: float               # and their device time, from the same message
 
 

@@ -13,11 +13,14 @@ judge, its builder and the pool's compile workers.
 
 from __future__ import annotations
 
+import shutil
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from cuda_agent import host
 
+from . import launches
 from .config import JudgeConfig
 from .protocol import DataPlane, send_plane
 from .sandbox import SandboxSpec, Sandboxed, Zygote, new_workdir, pin_threads, python_argv
@@ -71,6 +74,8 @@ class WorkerSupply:
         self.zygote = ZygoteHolder(config)
         self.spares: list[Worker] = []  # started ahead of need, oldest first
         self._launches = 0
+        # the judge's launch observer library (CandidateBuilds.launches_library), set by the judge
+        self.launches_library: Callable[[], Path | None] | None = None
 
     def take(self, plane: DataPlane, live: list[Sandboxed]) -> Worker:
         """A worker for one evaluation's process, the data plane already handed to it, pinned to
@@ -115,6 +120,8 @@ class WorkerSupply:
             env = {"CUDA_VISIBLE_DEVICES": "", "OMP_WAIT_POLICY": "PASSIVE"}
         else:
             env = {"CUDA_AGENT_PREINIT": "cuda"}
+            if self.place_launches(workdir):  # subscribed while the spare waits for a task
+                env["CUDA_AGENT_LAUNCHES"] = str(workdir / launches.FILE)
         plane_args = (plane.fd, plane.size, plane.in_size) if plane is not None else (-1, 0, 0)
         uid = self.uid
         if self.uid is not None and zygote is None:
@@ -135,6 +142,20 @@ class WorkerSupply:
         finally:
             child_sock.close()
         return proc, parent_sock
+
+    def place_launches(self, workdir: Path) -> bool:
+        """The judge's launch observer (launches.py) in a CUDA worker's folder, where it can be
+        built. Placed once: a spare may have it loaded already, and a loaded library is never
+        rewritten. Owned by the judge, like the operator observer."""
+        if self.device != "cuda" or self.launches_library is None:
+            return False
+        dest = workdir / launches.FILE
+        if not dest.exists():
+            library = self.launches_library()
+            if library is None:
+                return False
+            shutil.copy2(library, dest)
+        return True
 
     @staticmethod
     def drop(worker: Worker | None) -> None:

@@ -422,13 +422,54 @@ def _warm_profiler(torch) -> None:
         pass
 
 
+# The launch observer once installed: (module, token); or why it is not (see `_install_launches`).
+_LAUNCHES: tuple | None = None
+_LAUNCHES_PROBLEM: str | None = "not installed"
+
+
+def _install_launches(path: str | None) -> None:
+    """The CUPTI launch observer (launches.py), loaded and subscribed before any candidate code;
+    once per process. Where it cannot be, `_LAUNCHES_PROBLEM` says why, and the kernels of the
+    checked calls are listed through PyTorch's profiler instead."""
+    global _LAUNCHES, _LAUNCHES_PROBLEM
+    if _LAUNCHES is not None:
+        return
+    from . import launches as ln
+    from . import observer as obs
+    from .timing import GATE_KERNEL
+
+    if not path or not os.path.exists(path):
+        _LAUNCHES_PROBLEM = "the judge gave the process no launch observer"
+        return
+    cupti = ln.cupti_library()
+    if cupti is None:
+        _LAUNCHES_PROBLEM = "no libcupti beside PyTorch's CUDA"
+        return
+    real = os.path.realpath(path)
+    _JUDGE_LIBRARIES.add(real)
+    try:
+        spec = importlib.util.spec_from_file_location(ln.MODULE, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        token = obs.new_token()
+        module.install(token, cupti, GATE_KERNEL)
+        module.warm(token)  # CUPTI's activity machinery starts slowly the first time
+        module.take(token)
+    except Exception as exc:
+        _LAUNCHES_PROBLEM = f"the launch observer failed to start: {type(exc).__name__}: {exc}"[:300]
+        return
+    finally:
+        _JUDGE_LIBRARIES.discard(real)  # not for the candidate to load
+    _LAUNCHES, _LAUNCHES_PROBLEM = (module, token), None
+
+
 def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE; lazy imports must not write
     import torch
     from cuda_agent.host import is_out_of_memory, true_fp32
 
     from . import observer as obs
-    from .protocol import Channel, DataPlane, ErrorCategory, receive_plane
+    from .protocol import MAX_KERNELS, Channel, DataPlane, ErrorCategory, receive_plane
     from .tensorio import TransportError, leaves, move_state, pack, packed_end, unpack
     from .timing import (GATE_KERNEL, CacheFlusher, CallTimer, bandwidth_probe, flushes_after_inputs,
                          largest_floating, touch_pages)
@@ -441,7 +482,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if os.environ.get("CUDA_AGENT_PREINIT") == "cuda":
             torch.cuda.init()
             torch.cuda.set_device(0)
-            _warm_profiler(torch)
+            _install_launches(os.environ.get("CUDA_AGENT_LAUNCHES"))
+            if _LAUNCHES is None:
+                _warm_profiler(torch)
             warm_dispatch(torch)
             from .timing import prepare_gate
 
@@ -518,6 +561,9 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         _JUDGE_LIBRARIES.discard(os.path.realpath(str(init["observer"])))  # not for the candidate to load
         token = obs.new_token()
         observer.install(token)
+        if device == "cuda":
+            # every kernel launch observed too (launches.py), where CUPTI can be had
+            _install_launches(init.get("launches"))
         # not for trusted runs: torch.library's own custom ops redispatch
         sealed = {} if init.get("trusted") else obs.seal(torch, blocked.append)
         if not init.get("trusted") and init.get("policy", "strict") == "strict":
@@ -622,7 +668,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     chan.send({"ok": True, "matched": matched, "unmatched": unmatched[:50], "blocked": blocked[:20],
                "gpu_plane": shared is not None, "gpu_plane_error": shared_error, "audit_hook": audit_hook,
                "staged_inputs": staging is not None, "staging_error": staging_error,
-               "landlock": confined,
+               "landlock": confined, "launch_observer": _LAUNCHES_PROBLEM if device == "cuda" else None,
                "timing_gate": timer.gate_problem, "judge_release": timer.can_hold()})
 
     poison_bytes = int(init.get("poison_bytes", 0))
@@ -729,9 +775,17 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 touch_pages(leaves(inputs) + ([poisoned] if poisoned is not None else []))
             poisoned = None
             # Every call is observed the same way: the operators it ran (observer.cpp) and, on
-            # CUDA, the kernels it launched (the profiler's CUDA activity).
+            # CUDA, the kernels it launched (launches.cpp); the checked calls also take CUDA's
+            # activity records (the kernels that ran, and their device time). Without the launch
+            # observer, PyTorch's profiler lists the checked calls' kernels.
             prof = None
-            if device == "cuda" and msg.get("kernels", True):
+            launches, ltoken = _LAUNCHES if _LAUNCHES is not None else (None, None)
+            recording = device == "cuda" and bool(msg.get("kernels", True))
+            if launches is not None:
+                launches.take(ltoken)  # what the judge's own unpacking, flushing and touching launched
+                if recording:
+                    launches.activity_start(ltoken)
+            elif recording:
                 from torch.profiler import ProfilerActivity, profile
 
                 prof = profile(activities=[ProfilerActivity.CUDA])
@@ -748,6 +802,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 told = True
             with torch.no_grad():
                 timer.start(release if not told else None)
+                gated = timer.gate is not None  # the gate kernel launched: the launch observer must have seen it
                 if release is not None and not told and not timer.can_hold():
                     # the gate failed to launch: the inputs come with the release, so wait for it
                     chan.send({"ok": True, "op": "enqueued", "early": False})
@@ -767,9 +822,19 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 return 1
             observer.sentinel()
             ops = observer.take(token)
+            # before the outputs are copied out: those kernels are the judge's
             if prof is not None:
-                prof.__exit__(None, None, None)  # before the outputs are copied out: those kernels are the judge's
+                prof.__exit__(None, None, None)
+            launched = None
             unobserved = [] if observer.SENTINEL in ops else ["the operator observer (its sentinel went unrecorded)"]
+            if launches is not None:
+                if recording:
+                    launches.activity_stop(ltoken)
+                launched = launches.take(ltoken)
+                unobserved += [f"the launch observer ({name} no longer traced)" for name in launches.disabled(ltoken)[:3]]
+                if gated and GATE_KERNEL not in launched:
+                    unobserved.append("the launch observer (the gate's launch went unrecorded)")
+                launched = [k for k in launched if k != GATE_KERNEL]
             ops = [o for o in ops if o != observer.SENTINEL]
             structure = "tensor" if isinstance(out, torch.Tensor) else type(out).__name__
             outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else [out]
@@ -784,6 +849,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                        "lag_ms": timer.last_lag_ms, "run_delay_ms": timer.last_run_delay_ms,
                        "structure": structure, "outputs": meta,
                        "tampered": tampered, "ops": ops[:4096], "flags_changed": changed,
+                       "launched": launched[:MAX_KERNELS + 1] if launched is not None else None,
                        "blocked": blocked[:20]})
             if staged:
                 # after the clock: the inputs as forward left them, back where the judge reads them
@@ -791,7 +857,13 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                     calls[:staged_bytes].copy_(staging[:staged_bytes])
                     torch.cuda.synchronize()
                 chan.send({"ok": True, "op": "inputs_back"})
-            if prof is not None:
+            if launches is not None and recording:
+                # read after the reply, once the judge's clock of the call has stopped
+                kernels, kernel_ms = launches.activity_take(ltoken)
+                kernels = [k for k in kernels if k != GATE_KERNEL]
+                chan.send({"ok": True, "op": "kernels", "kernels": kernels[:MAX_KERNELS + 1],
+                           "kernel_ms": kernel_ms if kernel_ms >= 0 else None})
+            elif prof is not None:
                 # Listing the profiler's events takes time that grows with the kernels launched: it
                 # is sent after the reply, once the judge's clock of the call has stopped.
                 events = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]

@@ -1,0 +1,121 @@
+"""The judge's launch observer (infra/launches.cpp, judge/launches.py), built and loaded for real.
+
+Each check runs in a fresh interpreter, as the worker does: the observer is loaded and subscribed,
+then kernels are launched the ways a candidate could launch them (PyTorch, a CUDA graph captured
+beforehand, a kernel compiled at run time and launched through the driver from another thread).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import judge_cache_dir
+from cuda_agent.judge import launches as ln
+from cuda_agent.judge.build import Builder
+from cuda_agent.judge.sandbox import work_root_dir
+
+pytestmark = pytest.mark.gpu
+
+SCRIPT = textwrap.dedent("""
+    import importlib.util, json, sys, threading
+    import torch
+    from cuda_agent.judge import launches as ln
+    from cuda_agent.judge import observer as obs
+
+    torch.cuda.init()
+    spec = importlib.util.spec_from_file_location(ln.MODULE, sys.argv[1])
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    token = obs.new_token()
+    out = {"enabled": m.install(token, ln.cupti_library(), "cuda_agent_gate")}
+    m.warm(token)
+    x = torch.randn(256, 1024, device="cuda")
+
+    # a graph captured before any call is observed, replayed inside one
+    static = torch.empty(256, 1024, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.softmax(static, dim=1)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        y = torch.softmax(static, dim=1)
+    torch.cuda.synchronize()
+    m.take(token)
+
+    def observe(fn):
+        m.take(token)
+        fn()
+        torch.cuda.synchronize()
+        return m.take(token)
+
+    out["plain"] = observe(lambda: torch.relu(x))
+    out["nothing"] = observe(lambda: None)
+    out["graph"] = observe(graph.replay)
+    # a kernel of its own, compiled at run time and launched through the driver, from another thread
+    kernel = torch.cuda._compile_kernel(
+        'extern "C" __global__ void own_scale(float* p, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; '
+        'if (i < n) p[i] *= 2.0f; }', "own_scale")
+    t = threading.Thread(target=lambda: kernel(grid=(1024, 1, 1), block=(256, 1, 1), args=[x, x.numel()]))
+    out["thread"] = observe(lambda: (t.start(), t.join()))
+    out["disabled"] = m.disabled(token)
+    # the activity records of a call: the kernels that ran and their device time
+    m.activity_start(token)
+    for _ in range(3):
+        torch.relu(x)
+    torch.cuda.synchronize()
+    m.activity_stop(token)
+    torch.relu(x)  # after the window
+    names, ms = m.activity_take(token)
+    out["activity"] = {"names": names, "ms": ms}
+    try:
+        m.take("0" * 48)
+        out["foreign_token"] = "answered"
+    except RuntimeError:
+        out["foreign_token"] = "refused"
+    try:
+        m.install(obs.new_token(), ln.cupti_library(), "")
+        out["second_install"] = "installed"
+    except RuntimeError:
+        out["second_install"] = "refused"
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def launches_library(tmp_path_factory):
+    spec = ln.spec()
+    if spec is None:
+        pytest.skip("no CUPTI headers where PyTorch's CUDA is")
+    cache = judge_cache_dir(tmp_path_factory, "launches-cache")
+    builder = Builder(cache, work_root_dir(), arch=None, timeout_s=900, uid=None)
+    return builder.build(spec).library
+
+
+def test_launch_observer_sees_every_launch(launches_library):
+    res = subprocess.run([sys.executable, "-c", SCRIPT, str(launches_library)], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["enabled"] >= 2
+    assert any("at::native" in k for k in out["plain"]), out["plain"]
+    assert out["nothing"] == []
+    # the replay is seen, and with it the kernels the graph was captured with
+    assert ln_graph_launch() in out["graph"]
+    assert any("softmax" in k.lower() for k in out["graph"]), out["graph"]
+    assert out["thread"] == ["own_scale"], out["thread"]
+    assert out["disabled"] == []
+    assert any("at::native" in k for k in out["activity"]["names"]), out["activity"]
+    assert 0 < out["activity"]["ms"] < 1000, out["activity"]
+    assert out["foreign_token"] == "refused"
+    assert out["second_install"] == "refused"
+
+
+def ln_graph_launch() -> str:
+    return "cuda_agent::graph_launch"  # launches.cpp's GRAPH_LAUNCH
