@@ -46,6 +46,7 @@ SLOW_TESTS = {
                             "test_a_torch_compile_baselines_first_calls_get_a_builds_time_limit"},
     "test_pool.py": {"test_real_judge_through_the_pool_keeps_baselines_in_the_database"},
     "test_ncu.py": {"test_profile_tool_on_a_bundled_solution"},   # judges and profiles built solutions (GPU)
+    "test_launches.py": {"test_launch_observer_sees_every_launch"},  # builds the launch observer (GPU)
     # the service on loopback: restarts, waits for back-pressure, and the load test of 1,000 submissions
     "test_serve.py": {"test_a_restart_keeps_finished_verdicts_and_judges_again_what_was_in_flight",
                       "test_a_full_queue_answers_429_and_the_client_waits_it_out",

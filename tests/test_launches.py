@@ -1,8 +1,9 @@
 """The judge's launch observer (infra/launches.cpp, judge/launches.py), built and loaded for real.
 
-Each check runs in a fresh interpreter, as the worker does: the observer is loaded and subscribed,
-then kernels are launched the ways a candidate could launch them (PyTorch, a CUDA graph captured
-beforehand, a kernel compiled at run time and launched through the driver from another thread).
+On a GPU the check runs in a fresh interpreter, as the worker does: the observer is loaded and
+subscribed, then kernels are launched the ways a candidate could launch them (PyTorch, a CUDA graph
+captured beforehand, a kernel compiled at run time and launched through the driver from another
+thread). On the CPU: where the judge finds CUPTI's headers and library.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from conftest import judge_cache_dir
 from cuda_agent.judge import launches as ln
 from cuda_agent.judge.build import Builder
 from cuda_agent.judge.sandbox import work_root_dir
-
-pytestmark = pytest.mark.gpu
 
 SCRIPT = textwrap.dedent("""
     import importlib.util, json, sys, threading
@@ -98,6 +97,7 @@ def launches_library(tmp_path_factory):
     return builder.build(spec).library
 
 
+@pytest.mark.gpu
 def test_launch_observer_sees_every_launch(launches_library):
     res = subprocess.run([sys.executable, "-c", SCRIPT, str(launches_library)], capture_output=True, text=True,
                          timeout=600)
@@ -119,3 +119,44 @@ def test_launch_observer_sees_every_launch(launches_library):
 
 def ln_graph_launch() -> str:
     return "cuda_agent::graph_launch"  # launches.cpp's GRAPH_LAUNCH
+
+
+# ------------------------------------------------------------------ CPU: finding CUPTI (no GPU needed)
+def _fake_cuda_wheel(root):
+    wheel = root / "nvidia" / "cu13"
+    (wheel / "include").mkdir(parents=True)
+    (wheel / "lib").mkdir()
+    (wheel / "include" / "cupti.h").write_text("#include <cupti_activity.h>\n")
+    (wheel / "include" / "cupti_activity.h").write_text("/* activity */\n")
+    (wheel / "include" / "cublas_v2.h").write_text("/* not CUPTI's */\n")
+    (wheel / "lib" / "libcupti.so.13").write_bytes(b"\x7fELF")
+    return wheel
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_cupti_headers_and_library_are_found_beside_pytorchs_cuda(tmp_path, monkeypatch, present):
+    """The build spec carries CUPTI's headers (and nothing else of the folder) beside the source,
+    since the judge's builds take no -I flags; without them there is no spec and the workers say so."""
+    if present:
+        wheel = _fake_cuda_wheel(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    monkeypatch.setattr(ln, "_cuda_home", lambda: None)
+    monkeypatch.setattr("builtins.open", _no_maps(open))
+    spec = ln.spec()
+    if not present:
+        assert spec is None and ln.cupti_include() is None and ln.cupti_library() is None
+        return
+    assert ln.cupti_include() == wheel / "include"
+    names = [name for name, _ in spec.sources]
+    assert names == ["launches.cpp", "cupti.h", "cupti_activity.h"]
+    assert spec.with_cuda and not any(flag.startswith("-I") for flag in spec.cflags)
+    assert ln.cupti_library() == str(wheel / "lib" / "libcupti.so.13")
+
+
+def _no_maps(real_open):
+    """open() as it is, except that this process's memory map lists no libcupti (the CPU case)."""
+    def fake(path, *args, **kwargs):
+        if str(path) == "/proc/self/maps":
+            raise OSError("not read in this test")
+        return real_open(path, *args, **kwargs)
+    return fake
