@@ -830,7 +830,7 @@ class Judge:
             except TransportError:
                 raise _Stop(FC.MISMATCH, f"call {i}: the candidate process did not return its inputs") from None
         self._check_echo(inputs, back, i)
-        # every call's operators, checked, warm-up and timed alike; the kernels of the checked calls
+        # every call's operators and launched kernels, checked, warm-up and timed alike
         found = [] if session.trusted else pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
         kernels = _strs(reply.get("launched")) + _strs(reply.get("kernels"))  # launched (every call), ran (checked)
         found += [] if session.trusted else pol.check_kernels(kernels, cfg.policy)

@@ -4,8 +4,9 @@
    strict policy any PyTorch compute in `forward`.
 2. C++/CUDA source (tokens, comments and strings removed): escape hatches (dlopen, asm, threads,
    processes, files, timers, Python C-API) and, strictly, ATen/torch compute.
-3. What actually ran, reported on every call by the judge's observer (observer.py): the ATen
-   operators that entered the dispatcher and, on CUDA, the kernels launched. Source patterns can be
+3. What actually ran, reported on every call by the judge's observers: the ATen operators that
+   entered the dispatcher (observer.py) and, on CUDA, the kernels launched (launches.py, CUPTI
+   launch callbacks). Source patterns can be
    obfuscated; the few ways below the dispatcher's RecordFunction are sealed before candidate code
    loads.
 4. What the compiled library imports (`check_binary`): an allow-list under the strict policy, and

@@ -80,7 +80,7 @@ class CallRequest(TypedDict):
     op: Literal["call"]
     index: int
     inputs: list
-    kernels: bool                  # list the CUDA kernels launched (checked calls only)
+    kernels: bool                  # take CUDA's activity records of the kernels that ran (checked calls only)
     release: int | None            # the judge writes the inputs and this token at its release (timing.py)
     staged: bool                   # read the inputs from the process's copy made by `stage` (the reply is
                                    # then followed by `inputs_back`, the copy written back to the region)
