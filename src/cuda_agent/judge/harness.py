@@ -654,7 +654,8 @@ class Judge:
             if dev == "cuda" and checked:
                 # the kernels the call launched follow its reply, outside the call's clock (worker.py)
                 listed = self._next_op(session, ev, "kernels", deadline, i, "list its kernels")
-                reply["kernels"] = _strs(listed.get("kernels"))
+                kernels = listed.get("kernels")
+                reply["kernels"] = kernels if isinstance(kernels, list) else []  # uncut: the check counts them
                 reply["kernel_ms"] = listed.get("kernel_ms")
             claimed = _num(reply.get("inside_ms"))
             measured = cpu_ms if cpu_ms is not None else wall_ms
