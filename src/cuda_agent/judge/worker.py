@@ -422,6 +422,16 @@ def _warm_profiler(torch) -> None:
         pass
 
 
+def _load_module(name: str, library: str):
+    """A module from a file the judge placed (a native library it built, or the reference), marked
+    as the judge's so that the audit hook lets it load."""
+    _JUDGE_LIBRARIES.add(os.path.realpath(library))
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # The launch observer once installed: (module, token); or why it is not (see `_install_launches`).
 _LAUNCHES: tuple | None = None
 _LAUNCHES_PROBLEM: str | None = "not installed"
@@ -445,12 +455,8 @@ def _install_launches(path: str | None) -> None:
     if cupti is None:
         _LAUNCHES_PROBLEM = "no libcupti beside PyTorch's CUDA"
         return
-    real = os.path.realpath(path)
-    _JUDGE_LIBRARIES.add(real)
     try:
-        spec = importlib.util.spec_from_file_location(ln.MODULE, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _load_module(ln.MODULE, path)
         token = obs.new_token()
         module.install(token, cupti, GATE_KERNEL)
         module.warm(token)  # CUPTI's activity machinery starts slowly the first time
@@ -459,7 +465,7 @@ def _install_launches(path: str | None) -> None:
         _LAUNCHES_PROBLEM = f"the launch observer failed to start: {type(exc).__name__}: {exc}"[:300]
         return
     finally:
-        _JUDGE_LIBRARIES.discard(real)  # not for the candidate to load
+        _JUDGE_LIBRARIES.discard(os.path.realpath(path))  # not for the candidate to load
     _LAUNCHES, _LAUNCHES_PROBLEM = (module, token), None
 
 
@@ -504,13 +510,6 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     # -- builds requested by load_inline go to the judge, which compiles in its own sandbox -------
     import torch.utils.cpp_extension as cpp_extension
 
-    def load_module(name: str, library: str):
-        _JUDGE_LIBRARIES.add(os.path.realpath(library))
-        spec = importlib.util.spec_from_file_location(name, library)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
     def rpc_load_inline(*args, **kwargs):
         request = load_inline_request(*args, **kwargs)
         name = request["name"]
@@ -518,7 +517,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         answer = chan.recv()
         if not answer.get("ok"):
             raise RuntimeError(f"Error building extension '{name}':\n{answer.get('message', '')}")
-        return load_module(name, answer["library"])
+        return _load_module(name, answer["library"])
 
     def refuse_load(*args, **kwargs):
         raise RuntimeError("only load_inline (or a workspace) can build extensions under the judge")
@@ -557,7 +556,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         # The operator observer and the sealing of what would compute below it, before any code of
         # the task or the candidate is loaded (see observer.py). Trusted runs get them too: every
         # process pays the same cost per call, which the judge's null baseline then includes.
-        observer = load_module(obs.MODULE, str(init["observer"]))
+        observer = _load_module(obs.MODULE, str(init["observer"]))
         _JUDGE_LIBRARIES.discard(os.path.realpath(str(init["observer"])))  # not for the candidate to load
         token = obs.new_token()
         observer.install(token)
@@ -577,7 +576,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         # with the GPU region, the judge reveals a call's inputs and opens its gate itself.
         timer = CallTimer(device, control_address=plane.control_address() if shared is not None else None)
         if init.get("reference_path"):
-            sys.modules["model"] = load_module("model", init["reference_path"])
+            sys.modules["model"] = _load_module("model", init["reference_path"])
         # the same numerics as the judge's references: no TF32 (trusted baselines time fp32 work)
         true_fp32(torch)
         flags_before = _numeric_flags(torch)
@@ -612,7 +611,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             return 1
     try:
         if init.get("library"):
-            sys.modules["cuda_extension"] = load_module("cuda_extension", init["library"])
+            sys.modules["cuda_extension"] = _load_module("cuda_extension", init["library"])
     except BaseException as exc:
         reply_error(ErrorCategory.LOAD, f"loading the workspace library failed:\n{_trim_traceback(exc)}")
         return 1
@@ -859,8 +858,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 chan.send({"ok": True, "op": "inputs_back"})
             if launches is not None and recording:
                 # read after the reply, once the judge's clock of the call has stopped
-                kernels, kernel_ms = launches.activity_take(ltoken)
-                kernels = [k for k in kernels if k != GATE_KERNEL]
+                kernels, kernel_ms = launches.activity_take(ltoken)  # the gate left out (its `skip`)
                 chan.send({"ok": True, "op": "kernels", "kernels": kernels[:MAX_KERNELS + 1],
                            "kernel_ms": kernel_ms if kernel_ms >= 0 else None})
             elif prof is not None:
