@@ -36,14 +36,26 @@ elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^G
   echo "install-torch: an NVIDIA GPU is present: torch's default (CUDA) build from PyPI, ~3 GB"
   "$PYTHON" -m pip install "$RANGE"
 else
-  echo "install-torch: no NVIDIA GPU: torch's CPU build from https://download.pytorch.org/whl/cpu, ~200 MB"
-  # An empty PIP_EXTRA_INDEX_URL keeps configured extra indexes out of this one install (they may
-  # offer PyPI's CUDA build at a higher version); configured --find-links folders still count.
-  PIP_EXTRA_INDEX_URL=" " "$PYTHON" -m pip install --no-deps "$RANGE" \
-    --index-url https://download.pytorch.org/whl/cpu
-  # Its dependencies (filelock, sympy, networkx, jinja2, fsspec, typing-extensions) from the usual
-  # indexes: the build just installed satisfies the pin, so it stays.
-  version=$("$PYTHON" -m pip show torch | sed -n 's/^Version: //p')
-  "$PYTHON" -m pip install "torch==$version"
+  # pip's own configuration wins: an index the user configured (PIP_INDEX_URL, `pip config`) is
+  # asked first, as every other package of the install is; PyTorch's CPU index otherwise, tried
+  # once (an unreachable host costs seconds, not five retries), then pip's configured sources.
+  configured=${PIP_INDEX_URL:-$("$PYTHON" -m pip config get global.index-url 2>/dev/null || true)}
+  if [[ -n "$configured" ]]; then
+    echo "install-torch: no NVIDIA GPU: torch from pip's configured index $configured"
+    "$PYTHON" -m pip install "$RANGE"
+  else
+    echo "install-torch: no NVIDIA GPU: torch's CPU build from https://download.pytorch.org/whl/cpu, ~200 MB"
+    # An empty PIP_EXTRA_INDEX_URL keeps configured extra indexes out of this one install (they may
+    # offer PyPI's CUDA build at a higher version); configured --find-links folders still count.
+    if ! PIP_EXTRA_INDEX_URL=" " "$PYTHON" -m pip install --no-deps --retries 0 --timeout 20 "$RANGE" \
+        --index-url https://download.pytorch.org/whl/cpu; then
+      echo "install-torch: PyTorch's CPU index could not be used; torch from pip's configured sources" >&2
+      "$PYTHON" -m pip install --no-deps "$RANGE"
+    fi
+    # Its dependencies (filelock, sympy, networkx, jinja2, fsspec, typing-extensions) from the usual
+    # indexes: the build just installed satisfies the pin, so it stays.
+    version=$("$PYTHON" -m pip show torch | sed -n 's/^Version: //p')
+    "$PYTHON" -m pip install "torch==$version"
+  fi
 fi
 "$PYTHON" -W ignore -c 'import torch; print("install-torch: torch", torch.__version__, "CUDA", torch.version.cuda or "none (CPU build)")'

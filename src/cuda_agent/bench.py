@@ -345,7 +345,7 @@ def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, 
                   TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
                   console=console, transient=True) as progress:
         bar = progress.add_task("judging", total=len(todo), status="")
-        for _ in range(len(todo)):
+        for done in range(1, len(todo) + 1):
             item, future, error = finished.get()
             verdict = None
             if error is None:
@@ -375,5 +375,9 @@ def _judge_all(pool: Pool, todo: list[BenchItem], db: ResultsDB, run_name: str, 
             progress.update(bar, advance=1, description=f"judged {item.task.name}",
                             status=f"[green]{passed} correct[/green] [red]{failed} failed[/red]"
                                    + (f" ({counts['failed']} not judged)" if counts["failed"] else ""))
+            if not console.is_terminal:  # a log gets no bar (rich draws none there): one line per item
+                what = ("correct" if verdict.correct else f"rejected ({verdict.failure.category.value if verdict.failure else 'incorrect'})") if verdict is not None \
+                    else f"not judged ({failure_category(error)})"
+                console.print(f"[{done}/{len(todo)}] {item.task.name}: {what}", markup=False, highlight=False)
     feeder.join()
     return pool_error

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
+from cuda_agent.console import make_console
 from rich.markup import escape
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich")
-err = Console(stderr=True)
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+err = make_console(stderr=True)
 EXIT_JUDGE = 3
 
 DeviceOpt = Annotated[Optional[str], typer.Option(
@@ -332,6 +332,49 @@ def runs_cmd(db: Annotated[Optional[Path], typer.Option("--db", help="results da
     with ResultsDB(db_path) as rdb:
         for info, count, failed in rdb.run_counts():
             typer.echo(f"{info.name}\t{info.device}\t{count} verdicts, {failed} not judged\t{info.spec}")
+
+
+@app.command("suite")
+def suite_cmd(device: DeviceOpt = None) -> None:
+    """List the bundled tasks and their solutions with their paths (the main job's suite), one
+    line each: name, level, task file, solution (or '-'). Try one with `cuda-agent eval --task T
+    --solution S`."""
+    from cuda_agent.house import suite_rows
+    from cuda_agent.judge.config import default_device
+
+    for name, level, task, solution in suite_rows(device or default_device()):
+        typer.echo(f"{name}\t{level if level is not None else '-'}\t{task}\t{solution or '-'}")
+
+
+@app.command("cache")
+def cache_cmd(clear: Annotated[Optional[list[str]], typer.Option(
+        "--clear", help="remove a part: ext, baselines, verdicts, pch, results, or all (every part but the "
+                        "results database); repeat for several")] = None) -> None:
+    """Show what the judge keeps, part by part, with its size and path (the cache folder is
+    $CUDA_AGENT_CACHE, the precompiled headers sit in the working folder $CUDA_AGENT_WORK); each part
+    is rebuilt on demand once cleared. Clear nothing while a judge is running."""
+    from cuda_agent.house import CLEARED_BY_ALL, cache_parts, human_bytes
+
+    parts = {p.name: p for p in cache_parts()}
+    names = []
+    for name in clear or []:
+        if name == "all":
+            names += [n for n in CLEARED_BY_ALL if n not in names]
+        elif name in parts:
+            names.append(name)
+        else:
+            _fail(f"--clear {name}: no such part (choose from {', '.join(parts)}, all)", 2)
+    for name in names:
+        size = parts[name].size_bytes()
+        parts[name].clear()
+        typer.echo(f"cleared {name} ({human_bytes(size)}) at {parts[name].path}")
+    if not names:
+        total = 0
+        for p in parts.values():
+            size = p.size_bytes()
+            total += size
+            typer.echo(f"{p.name:<10} {human_bytes(size):>10}  {p.path}  ({p.what})")
+        typer.echo(f"{'total':<10} {human_bytes(total):>10}")
 
 
 from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)

@@ -7,15 +7,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
+from cuda_agent.console import make_console, print_error
 
 from . import TOKEN_ENV
 EXIT_USAGE, EXIT_JUDGE = 2, 3
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 def _fail(message: str, code: int = EXIT_JUDGE) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    print_error(err, message)
     raise typer.Exit(code)
 
 

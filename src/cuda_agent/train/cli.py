@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
+from cuda_agent.console import make_console, print_error
 
-err = Console(stderr=True)
-out = Console()
+err = make_console(stderr=True)
+out = make_console()
 
-train_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich", help=(
+train_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help=(
     "Train a policy with CUDA Agent's four stages: warmup (single-turn PPO), rft (rejection fine-tuning), "
     "critic (value pre-training), ppo (multi-turn agentic PPO with GAE). Each reads one settings file "
-    "(\\[train] table, the judge's under \\[judge]) and writes OUT/: episodes/, metrics.jsonl, ckpt/, final/. "
+    "([train] table, the judge's under [judge]) and writes OUT/: episodes/, metrics.jsonl, ckpt/, final/. "
     "Rerun the same command to resume after the last checkpoint. `prepare` and `verl-config` make "
     "the data and launch configs of the verl cluster path."))
 
@@ -39,7 +39,7 @@ EpisodesOpt = Annotated[Optional[list[Path]], typer.Option("--episodes", help="e
 
 
 def _fail(message: str, code: int = 2):
-    err.print(f"[red]error:[/red] {message}")
+    print_error(err, message)
     raise typer.Exit(code)
 
 
@@ -90,6 +90,8 @@ class _Bar:
         if self.task is None:
             self.task = self.progress.add_task(what, total=total)
         self.progress.update(self.task, description=what, completed=done, total=total)
+        if metrics is None and not err.is_terminal:  # a log gets no bar: one line per finished item
+            self.progress.console.print(f"{what}: {done}/{total}", markup=False, highlight=False)
         if metrics is not None:
             shown = "  ".join(f"{k} {metrics[k]:.4g}" for k in self.KEYS if isinstance(metrics.get(k), (int, float)))
             self.progress.console.print(f"{what}: {shown}")
@@ -153,7 +155,7 @@ def rft_cmd(out_dir: OutOpt, config: ConfigOpt = None, set_: SetOpt = None, mode
             export_only: Annotated[bool, typer.Option("--export-only", help="only filter and write OUT/rft.parquet "
                                                       "(for verl's SFT trainer, rft.sh)")] = False) -> None:
     """Stage 2, rejection fine-tuning: stored episodes filtered (positive reward, well-formed calls,
-    no repetition loops, no hacking verdicts: the \\[train.rft] settings), written as verl SFT parquet
+    no repetition loops, no hacking verdicts: the [train.rft] settings), written as verl SFT parquet
     (OUT/rft.parquet, the filter's counts in OUT/rft_filter.json), and the actor fine-tuned on them."""
     _need_transformers()
     from .stages import StageError, rft_stage
@@ -245,15 +247,20 @@ def verl_config_cmd(
 @train_app.command("toy")
 def toy_cmd(out_dir: Annotated[Path, typer.Argument(help="folder for the toy's model, task and settings")],
             seed: Annotated[int, typer.Option("--seed")] = 0,
-            steps: Annotated[int, typer.Option("--steps", min=1)] = 12) -> None:
-    """Build the learning check: the tiny model choosing, through the real tools and judge (CPU
+            steps: Annotated[int, typer.Option("--steps", min=1)] = 12,
+            kind: Annotated[str, typer.Option("--kind", help="replies: three tokens, each a whole reply; calls: "
+                                              "five tokens, each one tool call, a reply a sampled sequence of "
+                                              "them")] = "replies") -> None:
+    """Build a learning check: the tiny model choosing, through the real tools and judge (CPU
     backend), between a correct and a broken RMSNorm kernel. Then run
     `cuda-agent train ppo --config OUT/toy.json --out OUT/run`: its mean reward must rise. It checks
     the gradient path, not CUDA skill."""
     _need_transformers()
-    from .toy import build_toy
+    from .toy import KINDS, build_toy
 
-    path = build_toy(out_dir, seed=seed, steps=steps)
+    if kind not in KINDS:
+        _fail(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    path = build_toy(out_dir, seed=seed, steps=steps, kind=kind)
     out.print(f"toy settings in {path}; run: cuda-agent train ppo --config {path} --out {out_dir / 'run'}")
 
 

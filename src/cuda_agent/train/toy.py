@@ -1,12 +1,26 @@
-"""The learning check: a toy setting in which the right behaviour earns the judge's reward.
+"""The learning checks: toy settings in which the right behaviour earns the judge's reward.
 
-The task is the CPU suite's RMSNorm. The tiny random model gets three extra tokens, each of which
-decodes to a whole reply of hermes tool calls, and sampling (and the trainer's logprobs) is
-restricted to them and EOS:
+The task is the CPU suite's RMSNorm. The tiny random model gets extra tokens that decode to hermes
+tool calls, and sampling (and the trainer's logprobs) is restricted to them and EOS. Two kinds:
+
+`replies` (the first check): three tokens, each a whole reply
 
     GOOD     write_file x3: the bundled correct OpenMP solution (model_new.py, kernel, binding)
     BAD      write_file x3: the same kernel with the learned gain left out (wrong values)
     SUBMIT   submit
+
+`calls` (the second check): five tokens, each ONE tool call, and a reply is a sampled sequence of
+up to `turn_tokens` of them (EOS ends it), parsed into its calls in order:
+
+    MODEL    write_file model_new.py          BINDING  write_file the kernel's binding
+    KGOOD    write_file the correct kernel    KBAD     write_file the kernel without the gain
+    SUBMIT   submit
+
+Here no single token is a good reply: the model must learn, token by token, to write the three
+files with the correct kernel last (a KBAD after a KGOOD breaks the candidate again) and to submit.
+At the start most sampled episodes miss a file or end on the broken kernel; the reward's rise
+checks that the per-token log-probabilities, masks and advantages of multi-token replies reach the
+right tokens.
 
 An episode has two turns in the agent's real workspace with the real tools and the real judge
 (CPU backend); its reward is the judge's milestone reward as in every episode (the submitted
@@ -49,9 +63,31 @@ def actions() -> dict[str, str]:
     return {"GOOD": write_all(kernel), "BAD": write_all(broken), "SUBMIT": _call("submit")}
 
 
-def build_toy(out: Path, *, seed: int = 0, steps: int = 12) -> Path:
-    """Write OUT/model (the tiny model with the three action tokens), OUT/task.py and OUT/toy.json
+def call_actions() -> dict[str, str]:
+    """The `calls` check's five tokens: one tool call each (a leading newline keeps consecutive
+    calls on their own lines, as a model would write them)."""
+    root = files("cuda_agent") / "suite" / "solutions" / "cpu" / TASK
+    kernel = (root / "kernels" / "rmsnorm.cpp").read_text()
+    broken = kernel.replace("yr[i] = xr[i] * inv * wp[i];", "yr[i] = xr[i] * inv;")
+    if broken == kernel:
+        raise RuntimeError("the toy's broken kernel no longer differs from the solution")
+    calls = {"MODEL": _call("write_file", path="model_new.py", content=(root / "model_new.py").read_text()),
+             "BINDING": _call("write_file", path="kernels/rmsnorm_binding.cpp",
+                              content=(root / "kernels" / "rmsnorm_binding.cpp").read_text()),
+             "KGOOD": _call("write_file", path="kernels/rmsnorm.cpp", content=kernel),
+             "KBAD": _call("write_file", path="kernels/rmsnorm.cpp", content=broken),
+             "SUBMIT": _call("submit")}
+    return {name: "\n" + text for name, text in calls.items()}
+
+
+KINDS = ("replies", "calls")
+
+
+def build_toy(out: Path, *, seed: int = 0, steps: int = 12, kind: str = "replies") -> Path:
+    """Write OUT/model (the tiny model with the action tokens of `kind`), OUT/task.py and OUT/toy.json
     (settings for `cuda-agent train ppo --config OUT/toy.json`). Returns the settings file."""
+    if kind not in KINDS:
+        raise ValueError(f"toy kind {kind!r}: choose one of {', '.join(KINDS)}")
     from tokenizers import AddedToken
 
     from .tiny import build_tiny
@@ -61,7 +97,7 @@ def build_toy(out: Path, *, seed: int = 0, steps: int = 12) -> Path:
     task = out / "task.py"
     task.write_text((files("cuda_agent") / "suite" / "cpu" / f"{TASK}.py").read_text())
     model, tok = build_tiny(seed=seed)
-    acts = actions()
+    acts = actions() if kind == "replies" else call_actions()
     tok.add_tokens([AddedToken(text, special=False, normalized=False) for text in acts.values()])
     model.resize_token_embeddings(len(tok))
     shutil.rmtree(out / "model", ignore_errors=True)
@@ -71,7 +107,8 @@ def build_toy(out: Path, *, seed: int = 0, steps: int = 12) -> Path:
         "train": {
             "model": str(out / "model"), "tasks": str(task), "seed": seed, "steps": steps, "episodes_per_step": 8,
             "concurrency": 4, "judge_memo": True, "allowed_tokens": list(acts.values()),
-            "episode": {"max_turns": 2, "turn_tokens": 1, "temperature": 1.0},
+            # `calls`: up to 4 calls a reply; two turns hold the three writes and the submit
+            "episode": {"max_turns": 2, "turn_tokens": 1 if kind == "replies" else 4, "temperature": 1.0},
             "optim": {"actor_lr": 3e-3, "critic_lr": 3e-3, "micro_batch": 4},
             "ppo": {"epochs": 2, "mini_batch": 8, "gamma": 1.0, "lam": 1.0},
         },
