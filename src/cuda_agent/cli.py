@@ -377,6 +377,20 @@ def cache_cmd(clear: Annotated[Optional[list[str]], typer.Option(
         typer.echo(f"{'total':<10} {human_bytes(total):>10}")
 
 
+@app.command("doctor")
+def doctor_cmd() -> None:
+    """Check this machine for the judge: Python, torch and the GPU, the C++ compiler with OpenMP,
+    nvcc against torch's CUDA, CUPTI, compute-sanitizer and ncu, the sandbox (seccomp, uids,
+    namespaces, Landlock) and CUDA IPC between processes. One line per check: ok, warn (works with
+    less) or fail; exit 3 if any fails."""
+    from cuda_agent.doctor import exit_code, run_checks
+
+    checks = run_checks()
+    for c in checks:
+        typer.echo(f"{c.status:<5} {c.name}: {c.detail}")
+    raise typer.Exit(exit_code(checks))
+
+
 from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)
 from cuda_agent.synth.cli import synth_cmd  # noqa: E402  (defined with the synth package)
 from cuda_agent.hardware.cli import sol_cmd  # noqa: E402  (speed-of-light per task)
