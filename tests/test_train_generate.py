@@ -81,6 +81,41 @@ def test_concurrent_sessions_match_the_trainers_recomputation(tiny):
     assert model.training
 
 
+def test_grouped_kv_heads_padded_batch_and_decode_attention():
+    """A model with grouped KV heads (as Qwen2.5's): rows of different lengths decode through
+    `_decode_sdpa`, which agrees with transformers' sdpa, and the model gets its sdpa back after."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from cuda_agent.train.generate import _decode_sdpa
+
+    model = build_model("tiny")
+    attn = model.model.layers[0].self_attn
+    assert attn.num_key_value_groups == 2
+    q, k, v = torch.randn(3, 4, 1, 16), torch.randn(3, 2, 9, 16), torch.randn(3, 2, 9, 16)
+    mask = torch.ones(3, 1, 1, 9, dtype=torch.bool)
+    mask[0, ..., :4] = False
+    mine, _ = _decode_sdpa(attn, q, k, v, mask, scaling=0.25)
+    ref, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](attn, q, k, v, mask, scaling=0.25)
+    assert torch.allclose(mine, ref, atol=1e-5)
+    eos = model.config.vocab_size - 1
+    with HFPolicy(model, eos, seed=4, batch_wait_s=0.05) as pol:
+        assert pol._engine._swap_attention
+        out = {}
+
+        def call(i: int) -> None:
+            prompt = list(range(3, 3 + 5 + 7 * i))
+            out[i] = (prompt, pol.generate(prompt, 10, 1.0, session=f"g{i}"))
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert pol.stats.decode_steps < pol.stats.generated_tokens
+    assert max(gap(model, p, g) for p, g in out.values()) < 1e-4
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_diverged_history_keeps_the_common_prefix(tiny):
     model, eos = tiny
     with HFPolicy(model, eos, seed=5, batch_wait_s=0) as pol:

@@ -24,9 +24,10 @@ from .episode import Generation
 from .generate import HFPolicy, _forward_cache_kwarg
 from .hf import restrict
 
-# Published config numbers (hugging face config.json of each model); "tiny" is train.tiny's size.
+# Published config numbers (hugging face config.json of each model); "tiny" is train.tiny's size with
+# grouped KV heads, as the real shapes have.
 SHAPES: dict[str, dict] = {
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=1024, tie_word_embeddings=True),
     "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                          intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),

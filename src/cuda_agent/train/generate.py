@@ -41,6 +41,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -201,6 +202,44 @@ def _forward_cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+_DECODE_ATTENTION = "cuda_agent_decode_sdpa"
+
+
+def _decode_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+                 **kwargs):
+    """transformers' sdpa, except for one query token per row with grouped KV heads: there the query
+    heads of each KV group stand in for query positions ([B, heads, 1, D] -> [B, kv_heads, group, D]),
+    so attention reads the cached KV heads as they are. transformers before ~5.2x repeats every KV
+    head once per query head whenever a mask is given (the padded batch always has one), which at
+    32 rows x 8k tokens writes and reads tens of GB per decode step."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    b, heads, q_len, dim = query.shape
+    mask_ok = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1
+                                         and attention_mask.shape[2] == 1)
+    if q_len != 1 or groups <= 1 or key.shape[1] * groups != heads or not mask_ok or dropout:
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
+                                               scaling=scaling, is_causal=is_causal, **kwargs)
+    packed = query.reshape(b, key.shape[1], groups, dim)
+    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+def _register_decode_attention() -> bool:
+    """Register `_decode_sdpa` (with sdpa's mask builder) under its own name; False where this
+    transformers has no attention registry (generation then runs on the model's own attention)."""
+    try:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+        AttentionInterface.register(_DECODE_ATTENTION, _decode_sdpa)
+        AttentionMaskInterface.register(_DECODE_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+        return True
+    except Exception:   # an older or newer registry API: keep the model's attention
+        return False
+
+
 def _default_cache_tokens(config, device: torch.device, dtype: torch.dtype) -> int:
     """A third of the GPU's memory worth of KV tokens (the rest: weights, activations, the
     trainer's state); on the CPU, 2**20 tokens."""
@@ -250,6 +289,9 @@ class _Engine:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._was_training: bool | None = None   # the model's mode before generation; None while idle
+        self._base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._swap_attention = (getattr(self._base.config, "_attn_implementation", None) == "sdpa"
+                                and hasattr(self._base, "set_attn_implementation") and _register_decode_attention())
         self._reset_batch()
 
     # -- called by other threads ------------------------------------------------------------------
@@ -396,6 +438,7 @@ class _Engine:
             if self._was_training is None:
                 self._was_training = self.model.training
                 self.model.eval()
+                self._set_attention(_DECODE_ATTENTION)
         t0 = time.monotonic()
         rows, logits = [], []
         for req in reqs:
@@ -535,6 +578,18 @@ class _Engine:
         if not self._rows and not self._pending and self._was_training is not None:
             self.model.train(self._was_training)
             self._was_training = None
+            self._set_attention("sdpa")
+
+    def _set_attention(self, name: str) -> None:
+        """Switch the model between its sdpa (training, outside generation) and `_decode_sdpa`."""
+        if not self._swap_attention:
+            return
+        try:
+            self._base.set_attn_implementation(name)
+        except Exception as exc:   # this transformers refuses the switch: generate with plain sdpa
+            self._swap_attention = False
+            warnings.warn(f"generation keeps transformers' sdpa attention ({exc!r})", stacklevel=2)
+            self._base.set_attn_implementation("sdpa")
 
     def _fail_batch(self, admitted: list[_Request] | None, exc: BaseException) -> None:
         victims = {id(r.req): r.req for r in self._rows}
