@@ -268,7 +268,37 @@ def test_gpu_bf16_rollouts_match_the_trainer():
             ref = token_logprobs(model, ids, torch.ones_like(ids))[0, len(history) - 1:].cpu()
         gaps.append((ref - torch.tensor(gen.logprobs)).abs())
     every = torch.cat(gaps)
-    assert len(out) == 16 and every.mean().item() < 0.02 and every.max().item() < 0.5
+    # A wrong position or mask moves these logprobs by O(1) on this random model; bf16 rounding by ~1e-2.
+    assert len(out) == 16 and every.mean().item() < 0.05 and every.max().item() < 0.5
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_rollouts_match_the_trainer_exactly():
+    """fp32 on CUDA (grouped KV heads, padded rows, chunked prefill, a second turn from the cache):
+    the same 1e-4 bound as on the CPU."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build_model("tiny", "cuda", torch.float32)
+    eos = model.config.vocab_size - 1
+    out = {}
+    with HFPolicy(model, eos, device="cuda", seed=1, prefill_chunk=16) as pol:
+        def episode(i: int) -> None:
+            history = list(range(5, 40 + 9 * i))
+            for turn in range(2):
+                gen = pol.generate(history, 20, 0.9, session=f"f{i}")
+                out[i, turn] = (history, gen)
+                history = history + gen.token_ids + [1, 2, 3]
+
+        threads = [threading.Thread(target=episode, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert pol.stats.reused_tokens > 0
+    for history, gen in out.values():
+        ids = torch.tensor([history + gen.token_ids], device="cuda")
+        with torch.no_grad():
+            ref = token_logprobs(model, ids, torch.ones_like(ids), 0.9)[0, len(history) - 1:].cpu()
+        assert (ref - torch.tensor(gen.logprobs)).abs().max().item() < 1e-4
 
 
 @pytest.mark.gpu
