@@ -40,7 +40,9 @@ def main() -> None:
     print(f"{'baseline' if a.baseline else 'HFPolicy'} {a.shape} on {r.device_name}: {r.episodes} episodes in "
           f"{r.wall_s:.1f} s = {r.episodes_per_hour:.0f} episodes/h; generated {r.generated_tok_per_s:.0f} tok/s "
           f"(mean batch {r.mean_batch:.1f}); prefill {r.prefill_tok_per_s:.0f} tok/s over {r.prefill_tokens} tokens "
-          f"({r.reused_tokens} reused); peak GPU memory {mem}")
+          f"({r.reused_tokens} reused); peak GPU memory {mem}; scheduler time: prefill {r.prefill_s:.1f} s, "
+          f"decode {r.decode_s:.1f} s over {r.decode_steps} steps ({1000 * r.decode_s / max(r.decode_steps, 1):.1f} ms "
+          f"a step), {r.repacks} repacks")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,16 @@ from cuda_agent.train.hf import token_logprobs
 from cuda_agent.train.server_policy import CompletionsPolicy, ServerPolicyError
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_cpu_thread():
+    # The scheduler thread's small matmuls under a 2-thread OpenMP pool on a shared, loaded 2-core
+    # machine spend most of their time at barriers (10x slower); one thread keeps these tests quick.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     from cuda_agent.train.tiny import build_tiny
@@ -276,7 +286,7 @@ def test_gpu_bf16_rollouts_match_the_trainer():
 def test_gpu_fp32_rollouts_match_the_trainer_exactly():
     """fp32 on CUDA (grouped KV heads, padded rows, chunked prefill, a second turn from the cache):
     the same 1e-4 bound as on the CPU."""
-    torch.backends.cuda.matmul.allow_tf32 = False
+    assert not torch.backends.cuda.matmul.allow_tf32   # torch's default: fp32 matmuls stay fp32
     model = build_model("tiny", "cuda", torch.float32)
     eos = model.config.vocab_size - 1
     out = {}

@@ -75,6 +75,9 @@ class BenchResult:
     peak_gpu_mem_gib: float | None
     decode_steps: int
     mean_batch: float            # rows per decode step
+    prefill_s: float             # scheduler time in prefills (and joining the batch)
+    decode_s: float              # scheduler time in decode steps (and leaving the batch)
+    repacks: int
 
     def record(self) -> dict:
         return asdict(self)
@@ -112,6 +115,7 @@ class LegacyPolicy:
         self.prefill_tokens = 0
         self.prefill_s = 0.0
         self.decode_steps = 0
+        self.decode_s = 0.0
         self._lock = threading.Lock()
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
         self._cache_kw = _forward_cache_kwarg(model)
@@ -132,6 +136,7 @@ class LegacyPolicy:
                     self.prefill_s += time.monotonic() - t0
                 else:
                     self.decode_steps += 1
+                    self.decode_s += time.monotonic() - t0
                 tok = int(torch.multinomial(logp.exp(), 1, generator=self._rng))
                 out.append(tok)
                 logps.append(float(logp[tok]))
@@ -207,13 +212,14 @@ def run_bench(cfg: BenchConfig, model=None) -> BenchResult:
         peak_gpu_mem_gib=torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
         decode_steps=int(delta["decode_steps"]),
         # each reply's first token comes from its prefill, the rest from decode steps
-        mean_batch=(generated - cfg.sessions * cfg.turns) / max(delta["decode_steps"], 1))
+        mean_batch=(generated - cfg.sessions * cfg.turns) / max(delta["decode_steps"], 1),
+        prefill_s=delta["prefill_s"], decode_s=delta["decode_s"], repacks=int(delta["repacks"]))
 
 
 def _counters(policy) -> dict[str, float]:
     if isinstance(policy, LegacyPolicy):
         return {"prefill_tokens": policy.prefill_tokens, "reused_tokens": 0, "prefill_s": policy.prefill_s,
-                "decode_steps": policy.decode_steps}
+                "decode_steps": policy.decode_steps, "decode_s": policy.decode_s, "repacks": 0}
     s = policy.stats
     return {"prefill_tokens": s.prefill_tokens, "reused_tokens": s.reused_tokens, "prefill_s": s.prefill_s,
-            "decode_steps": s.decode_steps}
+            "decode_steps": s.decode_steps, "decode_s": s.decode_s, "repacks": s.repacks}
