@@ -227,6 +227,40 @@ def test_close_stops_the_scheduler_and_a_forgotten_close_does_not_leak(tiny):
     assert not thread.is_alive()
 
 
+def test_a_failed_step_fails_its_requests_and_the_policy_keeps_serving(tiny):
+    model, eos = tiny
+    model.train()
+    with HFPolicy(model, eos, allowed=[5, 6], batch_wait_s=0.05) as pol:
+        engine, calls = pol._engine, [0]
+        forward = engine._forward
+
+        def flaky(*args):
+            calls[0] += 1
+            if calls[0] == 6:   # a decode step (3 prefills come first), as an out-of-memory would
+                raise RuntimeError("boom")
+            return forward(*args)
+
+        engine._forward = flaky
+        errors = []
+
+        def call(i: int) -> None:
+            try:
+                pol.generate([1, 2, 3 + i], 8, 1.0, session=f"f{i}")
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        assert errors and all("boom" in e for e in errors)
+        assert model.training
+        gen = pol.generate([1, 2, 3], 4, 1.0)
+        assert len(gen.token_ids) == 4
+
+
 def test_one_episode_alone_is_not_held_by_the_batch_window(tiny):
     model, eos = tiny
     with HFPolicy(model, eos, max_batch=32, batch_wait_s=0.2) as pol:

@@ -289,6 +289,7 @@ class _Engine:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._was_training: bool | None = None   # the model's mode before generation; None while idle
+        self._limbo: list[_Request] = []          # finished, out of the batch, not yet answered
         self._base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._swap_attention = (getattr(self._base.config, "_attn_implementation", None) == "sdpa"
                                 and hasattr(self._base, "set_attn_implementation") and _register_decode_attention())
@@ -482,6 +483,7 @@ class _Engine:
         self.stats.decode_steps += 1
         self.stats.generated_tokens += len(self._rows)
         if finished:
+            self._limbo = [r.req for r, _ in finished]   # failed too if copying them out fails
             gone = {id(r) for r, _ in finished}
             for row, _ in finished:   # copied out of the slab before the slab goes
                 row.kv = self._row_kv(row, clone=True)
@@ -561,9 +563,11 @@ class _Engine:
                         self._ended.discard(sid)
                     else:
                         tokens = row.req.prompt + row.out[:-1]
-                        if row.kv[0][0].shape[-2] != len(tokens):
-                            raise RuntimeError("session cache out of step with its tokens (scheduler bug)")
-                        self._sessions.put(sid, _Cached(tokens, row.kv))
+                        if row.kv[0][0].shape[-2] == len(tokens):
+                            self._sessions.put(sid, _Cached(tokens, row.kv))
+                        else:   # a scheduler bug; the reply is right, only the cache is not kept
+                            warnings.warn(f"session {sid}: cache of {row.kv[0][0].shape[-2]} tokens for "
+                                          f"{len(tokens)}; not kept", stacklevel=2)
                 row.kv = None
             active = sum(r.n for r in self._rows)
             while self._sessions.tokens + active > self.max_cache_tokens and self._sessions.evict_oldest():
@@ -572,6 +576,7 @@ class _Engine:
         for row, end in finished:
             row.req.result = Generation(token_ids=row.out, logprobs=row.logprobs, finish=end)
             row.req.done.set()
+        self._limbo = []
 
     def _restore_mode_if_idle(self) -> None:
         # Called under _cond.
@@ -593,7 +598,8 @@ class _Engine:
 
     def _fail_batch(self, admitted: list[_Request] | None, exc: BaseException) -> None:
         victims = {id(r.req): r.req for r in self._rows}
-        victims.update({id(q): q for q in admitted or [] if not q.done.is_set()})
+        victims.update({id(q): q for q in [*(admitted or []), *self._limbo] if not q.done.is_set()})
+        self._limbo = []
         self._reset_batch()
         with self._cond:
             for q in victims.values():
