@@ -2,7 +2,10 @@
 
     episode.py   token-in/token-out episodes (single-turn and agentic), masks, logprobs, reward
     rollout.py   tasks, the judge behind the tools (a pool), episodes in flight, storage, metrics
-    hf.py        generation and log-probabilities with transformers (the one-GPU path)
+    generate.py  rollouts on one GPU: batched sampling with per-session KV caches (HFPolicy)
+    server_policy.py  the same token policy over a vLLM/SGLang server (CompletionsPolicy)
+    genbench.py  rollout throughput on random models of real shapes (benchmarks/generate_bench.py)
+    hf.py        log-probabilities and values with transformers (the trainer's side)
     ppo.py       GAE and the PPO losses with verl's definitions
     learner.py   actor/critic updates (SFT, value pre-training, PPO) and atomic checkpoints
     rft.py       the RFT filter and verl's SFT parquet

@@ -1,58 +1,16 @@
-"""The one-GPU path's model side: generation and log-probabilities with plain transformers.
+"""The one-GPU path's trainer side: log-probabilities and values with plain transformers.
 
-`HFPolicy` samples token by token with the KV cache and returns the log-probability of each sampled
-token under the distribution it was sampled from (softmax of logits / temperature, no top-k/top-p),
-which is what the PPO ratio needs; the trainer recomputes them (`token_logprobs`) and the gap
-between the two is reported (`rollout_logprob_gap`), as verl reports its engine/trainer mismatch.
-Generation is serialised by a lock: one model, many episodes in flight, the judge's work overlapping.
+`token_logprobs` recomputes the log-probability of each token under the sampling distribution
+(softmax of logits / temperature restricted to `allowed`, no top-k/top-p), which is what the PPO
+ratio needs; the rollout side (`train.generate.HFPolicy`) returns the same quantity at sampling time
+and the gap between the two is reported (`rollout_logprob_gap`), as verl reports its engine/trainer
+mismatch.
 """
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import torch.nn.functional as F
-
-from .episode import Generation
-
-
-class HFPolicy:
-    def __init__(self, model, eos_id: int, *, seed: int = 0, device: str | torch.device = "cpu",
-                 allowed: list[int] | None = None):
-        self.model = model
-        self.allowed = allowed   # sample only these ids (constrained decoding); None: the whole vocabulary
-        self.eos_id = eos_id
-        self.device = torch.device(device)
-        self._lock = threading.Lock()
-        self._rng = torch.Generator(device="cpu").manual_seed(seed)
-
-    @torch.no_grad()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> Generation:
-        with self._lock:
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                return self._sample(prompt_ids, max_new_tokens, temperature)
-            finally:
-                self.model.train(was_training)
-
-    def _sample(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> Generation:
-        ids = torch.tensor([prompt_ids], device=self.device)
-        past = None
-        out: list[int] = []
-        logps: list[float] = []
-        for _ in range(max_new_tokens):
-            res = self.model(input_ids=ids, past_key_values=past, use_cache=True)
-            past = res.past_key_values
-            logp = F.log_softmax(restrict(res.logits[0, -1].float(), self.allowed) / temperature, dim=-1).cpu()
-            tok = int(torch.multinomial(logp.exp(), 1, generator=self._rng))
-            out.append(tok)
-            logps.append(float(logp[tok]))
-            if tok == self.eos_id:
-                return Generation(token_ids=out, logprobs=logps, finish="stop")
-            ids = torch.tensor([[tok]], device=self.device)
-        return Generation(token_ids=out, logprobs=logps, finish="length")
 
 
 def restrict(logits: torch.Tensor, allowed: list[int] | None) -> torch.Tensor:

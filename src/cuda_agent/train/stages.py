@@ -27,7 +27,7 @@ import torch
 
 from .config import TrainConfig
 from .episode import ChatRenderer, EpisodeRecord
-from .hf import HFPolicy
+from .generate import HFPolicy
 from .learner import Learner, checkpoint_step, latest_checkpoint
 from .rft import filter_episodes, write_sft_parquet
 from .rollout import (append_metrics, episode_metrics, read_episodes, read_metrics, run_episodes, select_tasks,
@@ -165,9 +165,12 @@ def rollout_stage(cfg: TrainConfig, out: Path, gate, *, mode: str, progress: Pro
             progress(f"{stage} step {step + 1}/{cfg.steps}", done[0], cfg.episodes_per_step, None)
 
         t0 = time.monotonic()
-        eps, failures = run_episodes(step_tasks(tasks, step, cfg.episodes_per_step), mode=mode, gate=gate,
-                                     policy=policy, renderer=renderer, cfg=cfg, step=step,
-                                     workdir=out / "workspaces", on_done=tick)
+        try:
+            eps, failures = run_episodes(step_tasks(tasks, step, cfg.episodes_per_step), mode=mode, gate=gate,
+                                         policy=policy, renderer=renderer, cfg=cfg, step=step,
+                                         workdir=out / "workspaces", on_done=tick)
+        finally:   # its KV caches were computed by this step's weights: release them before the update
+            policy.close()
         rollout_s = time.monotonic() - t0
         write_episodes(eps, out / "episodes" / f"step-{step:06d}.jsonl")
         t0 = time.monotonic()
