@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from cuda_agent.train.genbench import SHAPES, BenchConfig, run_bench
+from cuda_agent.train.genbench import BenchConfig, run_bench
+from cuda_agent.train.shapes import SHAPES
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from cuda_agent.train.generate import HFPolicy, common_prefix
-from cuda_agent.train.genbench import BenchConfig, build_model, run_bench
+from cuda_agent.train.genbench import BenchConfig, run_bench
+from cuda_agent.train.shapes import build_model
 from cuda_agent.train.hf import token_logprobs
 from cuda_agent.train.server_policy import CompletionsPolicy, ServerPolicyError
 
