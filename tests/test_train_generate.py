@@ -231,7 +231,7 @@ def test_close_stops_the_scheduler_and_a_forgotten_close_does_not_leak(tiny):
 def test_a_failed_step_fails_its_requests_and_the_policy_keeps_serving(tiny):
     model, eos = tiny
     model.train()
-    with HFPolicy(model, eos, allowed=[5, 6], batch_wait_s=0.05) as pol:
+    with HFPolicy(model, eos, allowed=[5, 6], batch_wait_s=0.05, fast_decode=False) as pol:   # fails in _forward
         engine, calls = pol._engine, [0]
         forward = engine._forward
 
@@ -468,3 +468,50 @@ def test_completions_policy_options():
     unreachable = CompletionsPolicy("http://127.0.0.1:9/v1", timeout_s=2)
     with pytest.raises(ServerPolicyError, match="failed"):
         unreachable.generate([1], 1, 1.0)
+
+
+def test_fast_decoder_step_matches_the_models_own_forward():
+    """FastDecoder's fused step gives the logits of transformers' forward with a KV cache, for rows
+    of different lengths left-padded in one slab (fp32: to rounding)."""
+    import torch
+
+    from cuda_agent.train.fastdecode import FastDecoder
+    from cuda_agent.train.shapes import build_model
+
+    torch.manual_seed(0)
+    model = build_model("tiny", "cpu", torch.float32, seed=3)
+    assert FastDecoder.supports(model)
+    fast = FastDecoder(model)
+    lengths = [7, 3, 5]
+    fill = max(lengths)
+    layers = model.config.num_hidden_layers
+    kvh, d = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
+    slabs = [(torch.zeros(3, kvh, fill + 1, d), torch.zeros(3, kvh, fill + 1, d)) for _ in range(layers)]
+    seqs = [torch.randint(0, 1000, (n + 1,)) for n in lengths]
+    with torch.no_grad():
+        for b, (n, seq) in enumerate(zip(lengths, seqs)):   # each row's history through the model itself
+            out = model(input_ids=seq[None, :n], use_cache=True)
+            for i, layer in enumerate(out.past_key_values.layers):
+                slabs[i][0][b, :, fill - n:fill] = layer.keys[0]
+                slabs[i][1][b, :, fill - n:fill] = layer.values[0]
+        start = torch.tensor([fill - n for n in lengths])
+        logits = fast.step(torch.stack([s[n] for n, s in zip(lengths, seqs)]), torch.tensor(lengths), slabs, fill,
+                           start)
+        for b, (n, seq) in enumerate(zip(lengths, seqs)):
+            want = model(input_ids=seq[None, : n + 1]).logits[0, -1]
+            assert torch.allclose(logits[b], want, atol=1e-4, rtol=1e-4), (b, (logits[b] - want).abs().max())
+
+
+def test_fast_decoder_is_used_only_where_it_covers_the_model():
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from cuda_agent.train.fastdecode import FastDecoder
+    from cuda_agent.train.shapes import build_model
+
+    model = build_model("tiny", "cpu", torch.float32)
+    assert FastDecoder.supports(model)
+    wrapped = get_peft_model(build_model("tiny", "cpu", torch.float32), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert not FastDecoder.supports(wrapped)
+    model.config.use_sliding_window = True
+    assert not FastDecoder.supports(model)
