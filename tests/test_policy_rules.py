@@ -4,6 +4,8 @@ bytes of the candidate's own."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cuda_agent.judge.policy import check_cpp, check_python
 
 HELPER = '''import torch
@@ -143,3 +145,51 @@ def test_the_corpus_benchmark_reads_the_bundled_code_and_compares_runs(tmp_path)
     again = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "again.json"), "--compare", str(out)],
                            capture_output=True, text=True)
     assert again.returncode == 0 and "0 verdicts differ" in again.stdout, again.stdout + again.stderr
+
+
+# ------------------------------------------------------------------ compiler and linker flags
+def test_link_flags_naming_libraries_pytorch_already_loads_are_accepted():
+    """Published solutions pass `extra_ldflags=["-lcudart"]` (2 of 38 correct KernelBench solutions
+    were refused for it): a library the process already has adds no code, and what the binary
+    calls in it is still judged per symbol."""
+    from cuda_agent.judge.build import check_flags
+
+    named = ["-lcudart", "-lcuda", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cuda", "-ltorch_cpu",
+             "-ltorch_python", "-lm", "-lstdc++", "-lcublas", "-lcublasLt", "-lcudnn"]
+    assert check_flags(named) == []
+
+
+def test_nvcc_flags_published_solutions_use_are_accepted():
+    from cuda_agent.judge.build import check_flags
+
+    one_token = ["-Xptxas=-O3,-v", "--ptxas-options=-v,-O3", "-Xptxas=-dlcm=ca", "-arch=compute_90", "-code=sm_90",
+                 "--gpu-architecture=sm_90a", "-gencode=arch=compute_90a,code=[sm_90a,compute_90a]",
+                 "--generate-code=arch=compute_90,code=sm_90", "-Xcompiler=-O3,-fPIC", "--threads=4",
+                 "--compiler-options=-O3", "-Wno-deprecated-gpu-targets", "-std=c++20", "-U__CUDA_NO_HALF_OPERATORS__"]
+    assert check_flags(one_token) == []
+    two_token = ["-Xptxas", "-O3,-v", "-gencode", "arch=compute_90,code=sm_90", "-arch", "sm_90",
+                 "-Xcompiler", "-O3,-fopenmp", "--ptxas-options", "-v", "-t", "8"]
+    assert check_flags(two_token) == []
+
+
+def test_library_search_paths_only_to_the_folders_pytorch_loads_from(tmp_path):
+    """`-L` to torch's own lib folder (or CUDA's, or an nvidia wheel's) changes nothing; to any other
+    folder it could put a library of the candidate's choosing ahead of the real one."""
+    import torch
+
+    from cuda_agent.judge.build import check_flags
+
+    torch_lib = Path(torch.__file__).parent / "lib"
+    assert check_flags([f"-L{torch_lib}", "-L", str(torch_lib), "-lc10"]) == []
+    assert check_flags([f"-L{torch_lib}/../../../../../../tmp"]) == [f"-L{torch_lib}/../../../../../../tmp"]
+    assert check_flags([f"-L{tmp_path}", "-lc10"]) == [f"-L{tmp_path}"]
+    assert check_flags(["-L", str(tmp_path)]) == ["-L", str(tmp_path)]
+
+
+def test_flags_that_change_what_is_linked_or_loaded_stay_refused():
+    from cuda_agent.judge.build import check_flags
+
+    for flag in ("-lcudart_static", "-lcublas_static", "-ldl", "-lnvrtc", "-lfoo", "-Xcompiler=-O3,-fplugin=x.so",
+                 "-Xptxas=-O3,--foo", "-rdc=true", "-Wl,-rpath,/tmp", "-arch=sm_90,-Xlinker"):
+        assert check_flags([flag]) == [flag], flag
+    assert check_flags(["-Xcompiler", "-O3,-fplugin=x.so"]) == ["-Xcompiler", "-O3,-fplugin=x.so"]
