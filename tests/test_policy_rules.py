@@ -193,3 +193,76 @@ def test_flags_that_change_what_is_linked_or_loaded_stay_refused():
                  "-Xptxas=-O3,--foo", "-rdc=true", "-Wl,-rpath,/tmp", "-arch=sm_90,-Xlinker"):
         assert check_flags([flag]) == [flag], flag
     assert check_flags(["-Xcompiler", "-O3,-fplugin=x.so"]) == ["-Xcompiler", "-O3,-fplugin=x.so"]
+
+
+# ------------------------------------------------------------------ kernels judged by who issued them
+TORCH_DIR = "/site/torch"
+DRIVER = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+CUBLAS = "/site/nvidia/cublas/lib/libcublasLt.so.13|/site/nvidia/cublas/lib/libcublas.so.13"
+CANDIDATE = "/var/cache/ca/ext/4f2a/fx_gemm.so"
+
+
+def _owners(**chains):
+    return {name.replace("__", "::"): value for name, value in chains.items()}
+
+
+def test_issuer_is_the_first_image_past_nvidias_and_the_c_runtimes():
+    from cuda_agent.judge.policy import issuer_of
+
+    who = issuer_of(f"{DRIVER}|/lib/x86_64-linux-gnu/libc.so.6|{CUBLAS}|{TORCH_DIR}/lib/libtorch_cuda.so|/usr/bin/python3")
+    assert who.library == f"{TORCH_DIR}/lib/libtorch_cuda.so" and who.vendor == "libcublas.so.13"
+    assert issuer_of(CANDIDATE) == (CANDIDATE, None)
+    assert issuer_of(f"{DRIVER}|{CUBLAS}") == (None, "libcublas.so.13")   # the walk stopped inside cuBLAS
+    assert issuer_of("") == (None, None)
+    # a candidate's extension is `<identifier>.so`: named like a vendor library it is still the issuer
+    assert issuer_of(f"{DRIVER}|/var/cache/ext/libcublasLt.so").library == "/var/cache/ext/libcublasLt.so"
+    # wheels that bundle CUDA hash the names
+    assert issuer_of(f"{DRIVER}|/site/torch/lib/libcublasLt-1b2c3d4e.so.12|{CANDIDATE}").vendor == \
+        "libcublasLt-1b2c3d4e.so.12"
+
+
+def test_pytorchs_kernels_are_fallback_on_every_task_directly_or_from_a_graph():
+    """torch.mm captured into a graph in __init__ and replayed: its cuBLAS kernels were issued by
+    libtorch_cuda, which no GEMM allowance covers; the replay itself (torch.cuda.CUDAGraph issues
+    it) is not judged, its kernels are."""
+    from cuda_agent.judge.policy import check_kernel_owners
+
+    owners = _owners(cuda_agent__graph_launch=[f"{TORCH_DIR}/lib/libtorch_cuda.so"],
+                     sm90_xmma_gemm_f32f32_tf32f32_f32_nn=[f"{DRIVER}|{CUBLAS}|{TORCH_DIR}/lib/libtorch_cuda.so"],
+                     copy_floats=[CANDIDATE])
+    for allowance in (frozenset(), frozenset({"gemm"}), frozenset({"gemm", "conv"})):
+        found = check_kernel_owners(owners, "strict", allowance, TORCH_DIR)
+        assert len(found) == 1 and "sm90_xmma_gemm" in found[0] and "PyTorch issued" in found[0], found
+    softmax = _owners(**{"void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>":
+                         [f"{TORCH_DIR}/lib/libtorch_cuda.so"]})
+    assert check_kernel_owners(softmax, "strict", frozenset({"gemm"}), TORCH_DIR)
+    assert check_kernel_owners(owners, "lenient", frozenset(), TORCH_DIR) == []   # torch glue is lenient's
+
+
+def test_the_candidates_own_kernels_and_graphs_pass():
+    from cuda_agent.judge.policy import check_kernel_owners
+
+    owners = _owners(cuda_agent__graph_launch=[f"{TORCH_DIR}/lib/libtorch_cuda.so"], softmax_rows=[CANDIDATE],
+                     copy_floats=[CANDIDATE, f"{DRIVER}|{CANDIDATE}"])
+    assert check_kernel_owners(owners, "strict", frozenset(), TORCH_DIR) == []
+
+
+def test_vendor_kernels_need_the_tasks_allowance_whoever_issued_them():
+    """The import table is not the only door to cuBLAS (a library reached by address imports
+    nothing): the kernels that launch are held to the task's allowance too."""
+    from cuda_agent.judge.policy import check_kernel_owners
+
+    gemm = _owners(sm90_xmma_gemm_f32f32=[f"{DRIVER}|{CUBLAS}|{CANDIDATE}"])
+    assert check_kernel_owners(gemm, "strict", frozenset({"gemm"}), TORCH_DIR) == []
+    found = check_kernel_owners(gemm, "strict", frozenset({"conv"}), TORCH_DIR)
+    assert len(found) == 1 and "only in tasks whose reference has a GEMM" in found[0]
+    # the walk stopped inside cuBLAS: its caller unknown, the allowance still applies
+    assert check_kernel_owners(_owners(k=[f"{DRIVER}|{CUBLAS}"]), "strict", frozenset(), TORCH_DIR)
+    assert check_kernel_owners(_owners(k=[f"{DRIVER}|{CUBLAS}"]), "strict", frozenset({"gemm"}), TORCH_DIR) == []
+    conv = _owners(cudnn_fprop=[f"{DRIVER}|/site/nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9|{CANDIDATE}"])
+    assert check_kernel_owners(conv, "strict", frozenset({"conv"}), TORCH_DIR) == []
+    assert check_kernel_owners(conv, "strict", frozenset({"gemm"}), TORCH_DIR)
+    fft = _owners(fft_kernel=[f"{DRIVER}|/site/nvidia/cufft/lib/libcufft.so.12|{CANDIDATE}"])
+    assert "outside the policy" in check_kernel_owners(fft, "strict", frozenset({"gemm", "conv"}), TORCH_DIR)[0]
+    # an issuer the walk did not reach, and no vendor library: left to the name rules
+    assert check_kernel_owners(_owners(k=[DRIVER], j=[""]), "strict", frozenset(), TORCH_DIR) == []

@@ -9,11 +9,14 @@ driver and the runtime (see that file); this module holds what surrounds it:
   toolkit); None where there are none, and the worker then lists kernels on checked calls only,
   through PyTorch's profiler, and says so in the verdict;
 - `cupti_library`, run in the worker: the libcupti file PyTorch loads (or would), so that the
-  process holds one copy of CUPTI.
+  process holds one copy of CUPTI;
+- `torch_dir`, run in the judge: the folder whose images are PyTorch's, for the issuers the
+  observer reports with each kernel (policy.check_kernel_owners).
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import sys
@@ -87,3 +90,12 @@ def cupti_library() -> str | None:
         for rel in ("lib64", "extras/CUPTI/lib64", "targets/*/lib"):
             candidates += sorted(glob.glob(str(home / rel / "libcupti.so*")))
     return candidates[0] if candidates else None
+
+
+@functools.lru_cache(maxsize=1)
+def torch_dir() -> str:
+    """The real path of the torch package: its images (lib/libtorch*.so, lib/libc10*.so, _C*.so) are
+    PyTorch's, as the launch observer names them (real paths too)."""
+    import torch
+
+    return os.path.realpath(os.path.dirname(torch.__file__))
