@@ -64,6 +64,33 @@ SCRIPT = textwrap.dedent("""
     t = threading.Thread(target=lambda: kernel(grid=(1024, 1, 1), block=(256, 1, 1), args=[x, x.numel()]))
     out["thread"] = observe(lambda: (t.start(), t.join()))
     out["disabled"] = m.disabled(token)
+
+    # who issued each kernel (image chains, see launches.cpp `issuer`)
+    def owned(fn):
+        m.take(token)
+        fn()
+        torch.cuda.synchronize()
+        return {name: chains for name, chains in m.take_owned(token)}
+
+    a = torch.randn(512, 512, device="cuda")
+    out["owned_relu"] = owned(lambda: torch.relu(x))
+    out["owned_mm"] = owned(lambda: torch.mm(a, a))
+    out["owned_graph"] = owned(graph.replay)
+    t2 = threading.Thread(target=lambda: kernel(grid=(1024, 1, 1), block=(256, 1, 1), args=[x, x.numel()]))
+    out["owned_thread"] = owned(lambda: (t2.start(), t2.join()))
+    # between calls: after take(judge=True) this thread's launches are the judge's own, left out,
+    # while another thread's are kept for the next take (after begin)
+    m.take(token, True)
+    torch.relu(x)
+    t3 = threading.Thread(target=lambda: kernel(grid=(1024, 1, 1), block=(256, 1, 1), args=[x, x.numel()]))
+    t3.start(); t3.join()
+    torch.cuda.synchronize()
+    m.begin(token)
+    out["between"] = m.take(token)
+    torch.relu(x)
+    torch.cuda.synchronize()
+    out["after_begin"] = m.take(token)
+    out["torch_dir"] = ln.torch_dir()
     # the activity records of a call: the kernels that ran and their device time
     m.activity_start(token)
     for _ in range(3):
@@ -115,6 +142,26 @@ def test_launch_observer_sees_every_launch(launches_library):
     assert 0 < out["activity"]["ms"] < 1000, out["activity"]
     assert out["foreign_token"] == "refused"
     assert out["second_install"] == "refused"
+
+    # attribution: PyTorch's own kernels, and cuBLAS called by PyTorch, read as PyTorch's; a kernel
+    # launched through the driver from Python (ctypes) does not
+    from cuda_agent.judge.policy import check_kernel_owners, issuer_of
+
+    torch_dir = out["torch_dir"]
+    for case in ("owned_relu", "owned_mm"):
+        chains = [c for name, cs in out[case].items() for c in cs]
+        assert chains and all(issuer_of(c).library and issuer_of(c).library.startswith(torch_dir) for c in chains), \
+            (case, out[case])
+    assert any(issuer_of(c).vendor and "cublas" in issuer_of(c).vendor for cs in out["owned_mm"].values() for c in cs), \
+        out["owned_mm"]
+    assert check_kernel_owners(out["owned_mm"], "strict", frozenset({"gemm"}), torch_dir), out["owned_mm"]
+    # the replayed graph's kernels carry their issuers at capture (PyTorch's softmax)
+    softmax = [c for name, cs in out["owned_graph"].items() if "softmax" in name.lower() for c in cs]
+    assert softmax and all(issuer_of(c).library.startswith(torch_dir) for c in softmax), out["owned_graph"]
+    own = out["owned_thread"].get("own_scale")
+    assert own and not any((issuer_of(c).library or "").startswith(torch_dir) for c in own), out["owned_thread"]
+    assert out["between"] == ["own_scale"], out["between"]
+    assert any("at::native" in k for k in out["after_begin"]), out["after_begin"]
 
 
 def ln_graph_launch() -> str:
