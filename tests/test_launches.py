@@ -207,3 +207,92 @@ def _no_maps(real_open):
             raise OSError("not read in this test")
         return real_open(path, *args, **kwargs)
     return fake
+
+
+# ------------------------------------------------------------------ CPU: the issuer of a launch (slow: builds C++)
+PROBE = r"""
+#include <pybind11/pybind11.h>
+#undef PYBIND11_MODULE
+#define PYBIND11_MODULE(name, m) [[maybe_unused]] static void launches_module_unused(pybind11::module_& m)
+#include "launches.cpp"
+// the observer's `issuer`, as the launch callback calls it (this image is the observer: its frames are skipped)
+extern "C" const char* probe_issuer(const void* stub) {
+  thread_local std::string out;
+  out = *issuer(stub);
+  return out.c_str();
+}
+"""
+VENDOR = r"""
+extern "C" const char* probe_issuer(const void* stub);
+extern "C" const char* vendor_call(const void* stub) { const char* r = probe_issuer(stub); return r; }
+extern "C" void vendor_kernel_stub() {}
+"""
+CALLER = r"""
+extern "C" const char* probe_issuer(const void* stub);
+extern "C" const char* vendor_call(const void* stub);
+extern "C" void vendor_kernel_stub();
+extern "C" void own_kernel_stub() {}
+extern "C" const char* call_direct() { const char* r = probe_issuer(nullptr); return r; }
+extern "C" const char* call_through_vendor() { const char* r = vendor_call(nullptr); return r; }
+extern "C" const char* call_own_stub() { const char* r = probe_issuer((const void*)&own_kernel_stub); return r; }
+extern "C" const char* call_vendor_stub() { const char* r = probe_issuer((const void*)&vendor_kernel_stub); return r; }
+"""
+
+
+def _headers_for_probe():
+    import glob
+    from pathlib import Path
+
+    for folder in [ln.cupti_include(), *map(Path, sorted(glob.glob("/usr/local/cuda*/include")))]:
+        if folder is not None and (folder / "cupti.h").is_file() and (folder / "cuda.h").is_file():
+            return folder
+    return None
+
+
+@pytest.mark.slow
+def test_the_issuer_of_a_launch_is_found_past_nvidias_images(tmp_path):
+    """launches.cpp's `issuer`, compiled into a probe image (standing for the observer) with a fake
+    vendor library (named as NVIDIA's are, with a version after .so) and a caller (standing for the
+    candidate's extension): the stack walk skips the observer's own frames and the vendor's, and ends
+    at the caller; a launch stub in the caller's image names it at once; one in the vendor's is walked."""
+    import ctypes
+    import shutil
+    import sysconfig
+    from importlib.resources import files
+
+    import torch
+    from torch.utils.cpp_extension import include_paths
+
+    from cuda_agent.judge.policy import issuer_of
+
+    cuda_include = _headers_for_probe()
+    if cuda_include is None or shutil.which("g++") is None:
+        pytest.skip("no cupti.h/cuda.h or no g++")
+    (tmp_path / "launches.cpp").write_text((files("cuda_agent") / "infra" / "launches.cpp").read_text())
+    (tmp_path / "probe.cpp").write_text(PROBE)
+    (tmp_path / "vendor.cpp").write_text(VENDOR)
+    (tmp_path / "caller.cpp").write_text(CALLER)
+    includes = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}", f"-I{cuda_include}"]
+    rpath = f"-Wl,-rpath,{tmp_path}"
+
+    def cc(*args):
+        res = subprocess.run(["g++", "-std=c++17", "-shared", "-fPIC", "-O0", *args], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    cc("-O2", *includes, "probe.cpp", "-o", "libprobe.so")
+    cc("vendor.cpp", "-o", "libcublas.so.99", "-L.", "-l:libprobe.so", rpath)
+    cc("caller.cpp", "-o", "fx_caller.so", "-L.", "-l:libprobe.so", "-l:libcublas.so.99", rpath)
+    assert torch is not None  # the probe's pybind11 code resolves against this interpreter's libraries
+    lib = ctypes.CDLL(str(tmp_path / "fx_caller.so"))
+    chains = {}
+    for name in ("call_direct", "call_through_vendor", "call_own_stub", "call_vendor_stub"):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_char_p
+        chains[name] = fn().decode()
+    caller = str((tmp_path / "fx_caller.so").resolve())
+    assert issuer_of(chains["call_direct"]) == (caller, None), chains
+    assert issuer_of(chains["call_through_vendor"]) == (caller, "libcublas.so.99"), chains
+    assert chains["call_own_stub"] == caller, chains   # the stub's image, no walk
+    assert issuer_of(chains["call_vendor_stub"]).library == caller, chains
+    assert "libprobe" not in "".join(chains.values()), chains   # the observer's own frames are skipped
