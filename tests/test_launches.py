@@ -145,7 +145,7 @@ def test_launch_observer_sees_every_launch(launches_library):
 
     # attribution: PyTorch's own kernels, and cuBLAS called by PyTorch, read as PyTorch's; a kernel
     # launched through the driver from Python (ctypes) does not
-    from cuda_agent.judge.policy import check_kernel_owners, issuer_of
+    from cuda_agent.judge.launches import check_kernel_owners, issuer_of
 
     torch_dir = out["torch_dir"]
     for case in ("owned_relu", "owned_mm"):
@@ -263,7 +263,7 @@ def test_the_issuer_of_a_launch_is_found_past_nvidias_images(tmp_path):
     import torch
     from torch.utils.cpp_extension import include_paths
 
-    from cuda_agent.judge.policy import issuer_of
+    from cuda_agent.judge.launches import issuer_of
 
     cuda_include = _headers_for_probe()
     if cuda_include is None or shutil.which("g++") is None:

@@ -155,7 +155,7 @@ def test_link_flags_naming_libraries_pytorch_already_loads_are_accepted():
     from cuda_agent.judge.build import check_flags
 
     named = ["-lcudart", "-lcuda", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cuda", "-ltorch_cpu",
-             "-ltorch_python", "-lm", "-lstdc++", "-lcublas", "-lcublasLt", "-lcudnn"]
+             "-ltorch_python", "-lm", "-lstdc++", "-lcublas", "-lcublasLt", "-lcudnn", "-lcurand", "-lcufft", "-lcusparse"]
     assert check_flags(named) == []
 
 
@@ -189,7 +189,7 @@ def test_library_search_paths_only_to_the_folders_pytorch_loads_from(tmp_path):
 def test_flags_that_change_what_is_linked_or_loaded_stay_refused():
     from cuda_agent.judge.build import check_flags
 
-    for flag in ("-lcudart_static", "-lcublas_static", "-ldl", "-lnvrtc", "-lfoo", "-Xcompiler=-O3,-fplugin=x.so",
+    for flag in ("-lcudart_static", "-lcublas_static", "-ldl", "-lnvrtc", "-lcusolver", "-lfoo", "-Xcompiler=-O3,-fplugin=x.so",
                  "-Xptxas=-O3,--foo", "-rdc=true", "-Wl,-rpath,/tmp", "-arch=sm_90,-Xlinker"):
         assert check_flags([flag]) == [flag], flag
     assert check_flags(["-Xcompiler", "-O3,-fplugin=x.so"]) == ["-Xcompiler", "-O3,-fplugin=x.so"]
@@ -207,7 +207,7 @@ def _owners(**chains):
 
 
 def test_issuer_is_the_first_image_past_nvidias_and_the_c_runtimes():
-    from cuda_agent.judge.policy import issuer_of
+    from cuda_agent.judge.launches import issuer_of
 
     who = issuer_of(f"{DRIVER}|/lib/x86_64-linux-gnu/libc.so.6|{CUBLAS}|{TORCH_DIR}/lib/libtorch_cuda.so|/usr/bin/python3")
     assert who.library == f"{TORCH_DIR}/lib/libtorch_cuda.so" and who.vendor == "libcublas.so.13"
@@ -225,7 +225,7 @@ def test_pytorchs_kernels_are_fallback_on_every_task_directly_or_from_a_graph():
     """torch.mm captured into a graph in __init__ and replayed: its cuBLAS kernels were issued by
     libtorch_cuda, which no GEMM allowance covers; the replay itself (torch.cuda.CUDAGraph issues
     it) is not judged, its kernels are."""
-    from cuda_agent.judge.policy import check_kernel_owners
+    from cuda_agent.judge.launches import check_kernel_owners
 
     owners = _owners(cuda_agent__graph_launch=[f"{TORCH_DIR}/lib/libtorch_cuda.so"],
                      sm90_xmma_gemm_f32f32_tf32f32_f32_nn=[f"{DRIVER}|{CUBLAS}|{TORCH_DIR}/lib/libtorch_cuda.so"],
@@ -240,7 +240,7 @@ def test_pytorchs_kernels_are_fallback_on_every_task_directly_or_from_a_graph():
 
 
 def test_the_candidates_own_kernels_and_graphs_pass():
-    from cuda_agent.judge.policy import check_kernel_owners
+    from cuda_agent.judge.launches import check_kernel_owners
 
     owners = _owners(cuda_agent__graph_launch=[f"{TORCH_DIR}/lib/libtorch_cuda.so"], softmax_rows=[CANDIDATE],
                      copy_floats=[CANDIDATE, f"{DRIVER}|{CANDIDATE}"])
@@ -250,7 +250,7 @@ def test_the_candidates_own_kernels_and_graphs_pass():
 def test_vendor_kernels_need_the_tasks_allowance_whoever_issued_them():
     """The import table is not the only door to cuBLAS (a library reached by address imports
     nothing): the kernels that launch are held to the task's allowance too."""
-    from cuda_agent.judge.policy import check_kernel_owners
+    from cuda_agent.judge.launches import check_kernel_owners
 
     gemm = _owners(sm90_xmma_gemm_f32f32=[f"{DRIVER}|{CUBLAS}|{CANDIDATE}"])
     assert check_kernel_owners(gemm, "strict", frozenset({"gemm"}), TORCH_DIR) == []

@@ -64,8 +64,9 @@ _SAFE_FLAG = re.compile(
     r"|--default-stream=per-thread|-lcublas|-lcublasLt|-lcudnn|-lgomp|-lpthread"
     # Libraries the process has loaded before any candidate code (PyTorch links them): naming them
     # again adds no code, only a DT_NEEDED entry the loader finds satisfied. What the binary then
-    # calls in them is judged per symbol (policy.check_binary), as without the flag.
-    r"|-l(cudart|cuda|c10|c10_cuda|torch|torch_cuda|torch_cpu|torch_python|m|stdc\+\+)"
+    # calls in them is judged per symbol (policy.check_binary), as without the flag: the strict
+    # policy refuses cuRAND/cuFFT/cuSPARSE functions whatever links them.
+    r"|-l(cudart|cuda|c10|c10_cuda|torch|torch_cuda|torch_cpu|torch_python|m|stdc\+\+|curand|cufft|cusparse)"
     # nvcc options with no effect on what the code may reach: ptxas's optimisation level, verbosity,
     # caching and spill warnings (comma lists too), virtual and real architectures, compile threads,
     # suppressed front-end diagnostics

@@ -840,7 +840,7 @@ class Judge:
         if not session.trusted and isinstance(owners, dict):
             chains = {str(k)[:300]: [str(c)[:4096] for c in v[:8]] for k, v in list(owners.items())[:MAX_KERNELS + 1]
                       if isinstance(v, list)}  # a chain cut short would lose its issuer, at its end
-            found += pol.check_kernel_owners(chains, cfg.policy, ev.vendor, ln.torch_dir())
+            found += ln.check_kernel_owners(chains, cfg.policy, ev.vendor, ln.torch_dir())
         if not session.trusted and any(isinstance(reply.get(k), list) and len(reply[k]) > MAX_KERNELS
                                        for k in ("launched", "kernels")):
             found.append(f"call {i} launched more than {MAX_KERNELS} distinct kernels (too many to check)")

@@ -6,7 +6,9 @@
    processes, files, timers, Python C-API) and, strictly, ATen/torch compute.
 3. What actually ran, reported on every call by the judge's observers: the ATen operators that
    entered the dispatcher (observer.py) and, on CUDA, the kernels launched (launches.py, CUPTI
-   launch callbacks). Source patterns can be
+   launch callbacks), judged by name here and by who issued them in launches.py
+   (`check_kernel_owners`: PyTorch's kernels, direct or replayed from a graph, and vendor kernels
+   beyond the task's allowance). Source patterns can be
    obfuscated; the few ways below the dispatcher's RecordFunction are sealed before candidate code
    loads.
 4. What the compiled library imports (`check_binary`): an allow-list under the strict policy, and
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import NamedTuple
 
 from cuda_agent import pysource
 
@@ -455,94 +456,6 @@ def check_kernels(kernels: list[str], policy: str) -> list[str]:
         return []
     bad = sorted({k for k in kernels if _FORBIDDEN_KERNEL.search(k)})
     return [f"a PyTorch kernel ran during forward: '{k[:160]}'" for k in bad[:5]]
-
-
-# Who issued a launch (launches.cpp `issuer`): the chain of loaded images from the launch outward,
-# "|"-separated, ending at the first that is neither NVIDIA's nor the C runtime's. NVIDIA's images
-# carry a version after ".so." (a candidate's extension is `<identifier>.so`, never one of them).
-# Both need ".so." in the name (torch's wheels with bundled CUDA add a hash: libcublasLt-1b2c3d4e.so.12).
-_PASS_IMAGE = re.compile(r"^(libcuda|libcudart|libcupti|libnvidia-[\w-]+|libnvperf\w*|libc|libstdc\+\+|libgcc_s|"
-                         r"libpthread|ld-linux[\w-]*|libm)([-.][^/]*)?\.so\.")
-_VENDOR_IMAGE = re.compile(r"^lib(cublas|cublasLt|cudnn\w*|cufft\w*|curand|cusparse\w*|cusolver\w*|nccl|nvrtc\w*|"
-                           r"nvJitLink|cutensor\w*|nvblas)([-.][^/]*)?\.so\.")
-
-
-GRAPH_LAUNCH = "cuda_agent::graph_launch"   # launches.cpp's name for a graph launch
-
-
-class Issuer(NamedTuple):
-    """Who issued a launch: `library`, the first image past NVIDIA's and the C runtime's (None when
-    the stack walk did not reach one); `vendor`, the vendor library it called (libcublasLt.so.13 ...),
-    if the launch went through one."""
-    library: str | None
-    vendor: str | None
-
-
-def issuer_of(chain: str) -> Issuer:
-    images = [p for p in str(chain).split("|") if p]
-    vendor = None
-    for path in images:
-        base = path.rsplit("/", 1)[-1]
-        if _VENDOR_IMAGE.match(base):
-            vendor = base  # the outermost one: what the issuer called
-        elif not _PASS_IMAGE.match(base):
-            return Issuer(path, vendor)
-    return Issuer(None, vendor)
-
-
-def vendor_family(base: str) -> str | None:
-    """The vendor allowance (`vendor_allowance`) a vendor library's kernels need: "gemm" for
-    cuBLAS/cuBLASLt, "conv" for cuDNN; None for the others (allowed nowhere under the strict policy)."""
-    if base.startswith("libcublas"):
-        return "gemm"
-    if base.startswith("libcudnn"):
-        return "conv"
-    return None
-
-
-def _under(path: str, folder: str) -> bool:
-    return bool(folder) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
-
-
-def check_kernel_owners(owners: dict[str, list[str]] | None, policy: str, vendor: frozenset[str],
-                        torch_dir: str) -> list[str]:
-    """The kernels a call launched (or replayed from a graph: their issuers at capture), judged by
-    who issued them rather than by name (strict policy). `owners`: kernel name -> issuer chains
-    (launches.cpp); `vendor`: the task's vendor allowance; `torch_dir`: the real path of the torch
-    package, whose images (libtorch*, libc10*, torch/_C) are PyTorch's.
-
-    - issued by PyTorch, directly or through a vendor library it called (torch.mm's cuBLAS GEMM):
-      fallback, on every task, whoever captured it into a graph and when;
-    - issued by the candidate's code through a vendor library: allowed only where the task allows
-      that library (cuBLAS/cuBLASLt for a GEMM, cuDNN for a convolution), as the import check does;
-    - an issuer the stack walk did not reach is left to the name rules (`check_kernels`)."""
-    if policy != "strict" or not owners:
-        return []
-    out: list[str] = []
-    for name in sorted(owners):
-        if name == GRAPH_LAUNCH:
-            continue  # the replay itself (torch.cuda.CUDAGraph issues it for anyone): its kernels are judged
-        for chain in owners[name] or ():
-            who = issuer_of(chain)
-            if who.library is not None and _under(who.library, torch_dir):
-                via = f" through {who.vendor}" if who.vendor else ""
-                out.append(f"a kernel PyTorch issued{via} ran during forward: '{name[:120]}' (from "
-                           f"{who.library.rsplit('/', 1)[-1]}): PyTorch's work, not the candidate's, launched directly or "
-                           f"replayed from a CUDA graph")
-            elif who.vendor is not None:
-                family = vendor_family(who.vendor)
-                if family is None or family not in vendor:
-                    allowed = {"gemm": "a GEMM", "conv": "a convolution"}.get(family or "", None)
-                    why = (f"{who.vendor} is allowed only in tasks whose reference has {allowed} (this one has none)"
-                           if allowed else f"{who.vendor} is outside the policy (cuBLAS for GEMM and cuDNN for "
-                                           f"convolution only)")
-                    out.append(f"a vendor kernel ran during forward: '{name[:120]}': {why}")
-            else:
-                continue
-            break  # one finding per kernel name
-        if len(out) >= 5:
-            break
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
