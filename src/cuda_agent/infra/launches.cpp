@@ -214,9 +214,13 @@ bool passes(const std::string& path) {
   return false;
 }
 
-std::mutex images_mu;
+// Never destroyed, like state(): callbacks may run during interpreter exit.
+std::mutex& images_mu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
 std::unordered_map<uintptr_t, const Image*>& images() {
-  static auto* m = new std::unordered_map<uintptr_t, const Image*>();  // never destroyed (see state())
+  static auto* m = new std::unordered_map<uintptr_t, const Image*>();
   return *m;
 }
 
@@ -233,7 +237,7 @@ const Image* image_of(const void* addr) {
   Dl_info info{};
   if (addr == nullptr || dladdr(addr, &info) == 0 || info.dli_fbase == nullptr) return nullptr;
   const auto key = reinterpret_cast<uintptr_t>(info.dli_fbase);
-  std::lock_guard<std::mutex> lock(images_mu);
+  std::lock_guard<std::mutex> lock(images_mu());
   auto it = images().find(key);
   if (it != images().end()) return it->second;
   auto* image = new Image();  // kept for the process's life, as images stay mapped
@@ -249,9 +253,9 @@ const Image* image_of(const void* addr) {
 
 // Interned issuer chains: one string per distinct chain, compared by address.
 const std::string* intern(const std::string& chain) {
-  static std::mutex mu;
+  static auto* mu = new std::mutex();
   static auto* set = new std::unordered_set<std::string>();
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(*mu);
   return &*set->insert(chain).first;
 }
 
@@ -345,9 +349,9 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, 
   } else {
     owner = issuer(nullptr);
   }
-  const bool judges = s.judge_window && std::this_thread::get_id() == s.judge_thread;
   thread_local std::string key;  // reused: a repeated kernel costs a hash lookup and no allocation
   std::lock_guard<std::mutex> lock(s.mu);
+  const bool judges = s.judge_window && std::this_thread::get_id() == s.judge_thread;  // the judge's own work
   switch (kind) {
     case kGraph:
       if (judges) return;
