@@ -4,6 +4,8 @@ bytes of the candidate's own."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cuda_agent.judge.policy import check_cpp, check_python
 
 HELPER = '''import torch
@@ -143,3 +145,124 @@ def test_the_corpus_benchmark_reads_the_bundled_code_and_compares_runs(tmp_path)
     again = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "again.json"), "--compare", str(out)],
                            capture_output=True, text=True)
     assert again.returncode == 0 and "0 verdicts differ" in again.stdout, again.stdout + again.stderr
+
+
+# ------------------------------------------------------------------ compiler and linker flags
+def test_link_flags_naming_libraries_pytorch_already_loads_are_accepted():
+    """Published solutions pass `extra_ldflags=["-lcudart"]` (2 of 38 correct KernelBench solutions
+    were refused for it): a library the process already has adds no code, and what the binary
+    calls in it is still judged per symbol."""
+    from cuda_agent.judge.build import check_flags
+
+    named = ["-lcudart", "-lcuda", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cuda", "-ltorch_cpu",
+             "-ltorch_python", "-lm", "-lstdc++", "-lcublas", "-lcublasLt", "-lcudnn", "-lcurand", "-lcufft", "-lcusparse"]
+    assert check_flags(named) == []
+
+
+def test_nvcc_flags_published_solutions_use_are_accepted():
+    from cuda_agent.judge.build import check_flags
+
+    one_token = ["-Xptxas=-O3,-v", "--ptxas-options=-v,-O3", "-Xptxas=-dlcm=ca", "-arch=compute_90", "-code=sm_90",
+                 "--gpu-architecture=sm_90a", "-gencode=arch=compute_90a,code=[sm_90a,compute_90a]",
+                 "--generate-code=arch=compute_90,code=sm_90", "-Xcompiler=-O3,-fPIC", "--threads=4",
+                 "--compiler-options=-O3", "-Wno-deprecated-gpu-targets", "-std=c++20", "-U__CUDA_NO_HALF_OPERATORS__"]
+    assert check_flags(one_token) == []
+    two_token = ["-Xptxas", "-O3,-v", "-gencode", "arch=compute_90,code=sm_90", "-arch", "sm_90",
+                 "-Xcompiler", "-O3,-fopenmp", "--ptxas-options", "-v", "-t", "8"]
+    assert check_flags(two_token) == []
+
+
+def test_library_search_paths_only_to_the_folders_pytorch_loads_from(tmp_path):
+    """`-L` to torch's own lib folder (or CUDA's, or an nvidia wheel's) changes nothing; to any other
+    folder it could put a library of the candidate's choosing ahead of the real one."""
+    import torch
+
+    from cuda_agent.judge.build import check_flags
+
+    torch_lib = Path(torch.__file__).parent / "lib"
+    assert check_flags([f"-L{torch_lib}", "-L", str(torch_lib), "-lc10"]) == []
+    assert check_flags([f"-L{torch_lib}/../../../../../../tmp"]) == [f"-L{torch_lib}/../../../../../../tmp"]
+    assert check_flags([f"-L{tmp_path}", "-lc10"]) == [f"-L{tmp_path}"]
+    assert check_flags(["-L", str(tmp_path)]) == ["-L", str(tmp_path)]
+
+
+def test_flags_that_change_what_is_linked_or_loaded_stay_refused():
+    from cuda_agent.judge.build import check_flags
+
+    for flag in ("-lcudart_static", "-lcublas_static", "-ldl", "-lnvrtc", "-lcusolver", "-lfoo", "-Xcompiler=-O3,-fplugin=x.so",
+                 "-Xptxas=-O3,--foo", "-rdc=true", "-Wl,-rpath,/tmp", "-arch=sm_90,-Xlinker"):
+        assert check_flags([flag]) == [flag], flag
+    assert check_flags(["-Xcompiler", "-O3,-fplugin=x.so"]) == ["-Xcompiler", "-O3,-fplugin=x.so"]
+
+
+# ------------------------------------------------------------------ kernels judged by who issued them
+TORCH_DIR = "/site/torch"
+DRIVER = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+CUBLAS = "/site/nvidia/cublas/lib/libcublasLt.so.13|/site/nvidia/cublas/lib/libcublas.so.13"
+CANDIDATE = "/var/cache/ca/ext/4f2a/fx_gemm.so"
+
+
+def _owners(**chains):
+    return {name.replace("__", "::"): value for name, value in chains.items()}
+
+
+def test_issuer_is_the_first_image_past_nvidias_and_the_c_runtimes():
+    from cuda_agent.judge.launches import issuer_of
+
+    who = issuer_of(f"{DRIVER}|/lib/x86_64-linux-gnu/libc.so.6|{CUBLAS}|{TORCH_DIR}/lib/libtorch_cuda.so|/usr/bin/python3")
+    assert who.library == f"{TORCH_DIR}/lib/libtorch_cuda.so" and who.vendor == "libcublas.so.13"
+    assert issuer_of(CANDIDATE) == (CANDIDATE, None)
+    assert issuer_of(f"{DRIVER}|{CUBLAS}") == (None, "libcublas.so.13")   # the walk stopped inside cuBLAS
+    assert issuer_of("") == (None, None)
+    # a candidate's extension is `<identifier>.so`: named like a vendor library it is still the issuer
+    assert issuer_of(f"{DRIVER}|/var/cache/ext/libcublasLt.so").library == "/var/cache/ext/libcublasLt.so"
+    # wheels that bundle CUDA hash the names
+    assert issuer_of(f"{DRIVER}|/site/torch/lib/libcublasLt-1b2c3d4e.so.12|{CANDIDATE}").vendor == \
+        "libcublasLt-1b2c3d4e.so.12"
+
+
+def test_pytorchs_kernels_are_fallback_on_every_task_directly_or_from_a_graph():
+    """torch.mm captured into a graph in __init__ and replayed: its cuBLAS kernels were issued by
+    libtorch_cuda, which no GEMM allowance covers; the replay itself (torch.cuda.CUDAGraph issues
+    it) is not judged, its kernels are."""
+    from cuda_agent.judge.launches import check_kernel_owners
+
+    owners = _owners(cuda_agent__graph_launch=[f"{TORCH_DIR}/lib/libtorch_cuda.so"],
+                     sm90_xmma_gemm_f32f32_tf32f32_f32_nn=[f"{DRIVER}|{CUBLAS}|{TORCH_DIR}/lib/libtorch_cuda.so"],
+                     copy_floats=[CANDIDATE])
+    for allowance in (frozenset(), frozenset({"gemm"}), frozenset({"gemm", "conv"})):
+        found = check_kernel_owners(owners, "strict", allowance, TORCH_DIR)
+        assert len(found) == 1 and "sm90_xmma_gemm" in found[0] and "PyTorch issued" in found[0], found
+    softmax = _owners(**{"void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>":
+                         [f"{TORCH_DIR}/lib/libtorch_cuda.so"]})
+    assert check_kernel_owners(softmax, "strict", frozenset({"gemm"}), TORCH_DIR)
+    assert check_kernel_owners(owners, "lenient", frozenset(), TORCH_DIR) == []   # torch glue is lenient's
+
+
+def test_the_candidates_own_kernels_and_graphs_pass():
+    from cuda_agent.judge.launches import check_kernel_owners
+
+    owners = _owners(cuda_agent__graph_launch=[f"{TORCH_DIR}/lib/libtorch_cuda.so"], softmax_rows=[CANDIDATE],
+                     copy_floats=[CANDIDATE, f"{DRIVER}|{CANDIDATE}"])
+    assert check_kernel_owners(owners, "strict", frozenset(), TORCH_DIR) == []
+
+
+def test_vendor_kernels_need_the_tasks_allowance_whoever_issued_them():
+    """The import table is not the only door to cuBLAS (a library reached by address imports
+    nothing): the kernels that launch are held to the task's allowance too."""
+    from cuda_agent.judge.launches import check_kernel_owners
+
+    gemm = _owners(sm90_xmma_gemm_f32f32=[f"{DRIVER}|{CUBLAS}|{CANDIDATE}"])
+    assert check_kernel_owners(gemm, "strict", frozenset({"gemm"}), TORCH_DIR) == []
+    found = check_kernel_owners(gemm, "strict", frozenset({"conv"}), TORCH_DIR)
+    assert len(found) == 1 and "only in tasks whose reference has a GEMM" in found[0]
+    # the walk stopped inside cuBLAS: its caller unknown, the allowance still applies
+    assert check_kernel_owners(_owners(k=[f"{DRIVER}|{CUBLAS}"]), "strict", frozenset(), TORCH_DIR)
+    assert check_kernel_owners(_owners(k=[f"{DRIVER}|{CUBLAS}"]), "strict", frozenset({"gemm"}), TORCH_DIR) == []
+    conv = _owners(cudnn_fprop=[f"{DRIVER}|/site/nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9|{CANDIDATE}"])
+    assert check_kernel_owners(conv, "strict", frozenset({"conv"}), TORCH_DIR) == []
+    assert check_kernel_owners(conv, "strict", frozenset({"gemm"}), TORCH_DIR)
+    fft = _owners(fft_kernel=[f"{DRIVER}|/site/nvidia/cufft/lib/libcufft.so.12|{CANDIDATE}"])
+    assert "outside the policy" in check_kernel_owners(fft, "strict", frozenset({"gemm", "conv"}), TORCH_DIR)[0]
+    # an issuer the walk did not reach, and no vendor library: left to the name rules
+    assert check_kernel_owners(_owners(k=[DRIVER], j=[""]), "strict", frozenset(), TORCH_DIR) == []

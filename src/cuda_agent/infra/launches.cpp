@@ -17,6 +17,22 @@
 // GRAPH_LAUNCH together with every kernel the process launched while a stream was capturing and
 // every kernel added to a graph by hand (a superset of the graph's kernels).
 //
+// Every launch (direct, or into a graph being captured or built) is also attributed to the code
+// that issued it: the chain of loaded images from the launch outward, up to the first that is not
+// NVIDIA's (the CUDA driver and runtime, CUPTI, cuBLAS, cuDNN, ...) or the C runtime. A runtime
+// launch names its kernel's host stub, whose image is the issuer (one dladdr, cached); a driver
+// launch, or a stub inside a vendor library, is attributed by walking the stack (the unwinder
+// reads .eh_frame: no frame pointers needed). So a cuBLAS kernel reads "libcublasLt <- libtorch_cuda"
+// when torch.mm issued it and "libcublasLt <- the candidate's extension" when the candidate's C++
+// called cuBLAS, whether it ran directly or from a graph captured in __init__ or in an earlier call;
+// judge/policy.py decides what each may be (`check_kernel_owners`). Attribution is by issuer: code of
+// one library launched under another's name (a stub registered by hand for another image's module)
+// is beyond it, and so is an issuer the unwinder cannot reach (reported with no issuer).
+//
+// Between calls the judge's own thread launches kernels of its own (unpacking, flushing): after a
+// take that says so (`judge=True`) those are left out until `begin`, while launches from any other
+// thread (a team the candidate left running) are kept for the next take instead of being dropped.
+//
 // CUDA's activity records (CONCURRENT_KERNEL, MEMCPY, MEMSET) are also taken here on the checked
 // calls: the kernels that ran, named by the device, and their device time, as Nsight Compute reads
 // them. One CUPTI subscriber per process is all CUDA allows, so the worker does not use PyTorch's
@@ -28,6 +44,7 @@
 #include <cupti.h>
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <unwind.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -39,6 +56,8 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -50,7 +69,14 @@ constexpr const char* kHostFunction = "cuda_agent::host_function";
 constexpr const char* kUnnamed = "cuda_agent::unnamed_kernel";
 
 // What an enabled callback id stands for.
-enum Kind : uint8_t { kOther = 0, kLaunch, kLaunchEx, kGraph, kHostFunc, kCaptureBegin, kCaptureEnd, kGraphNode };
+// kLaunchMulti: a launch whose first parameter is a list of launches, not the kernel.
+enum Kind : uint8_t {
+  kOther = 0, kLaunch, kLaunchEx, kGraph, kHostFunc, kCaptureBegin, kCaptureEnd, kGraphNode, kLaunchMulti
+};
+
+// The owners of a kernel name: interned issuer chains ("image|image|..."), see `issuer`.
+using Owners = std::unordered_set<const std::string*>;
+using Record = std::unordered_map<std::string, Owners>;
 
 struct Api {
   decltype(&::cuptiSubscribe) subscribe = nullptr;
@@ -112,10 +138,14 @@ struct State {
   CUpti_SubscriberHandle subscriber = nullptr;
   std::vector<std::pair<CUpti_CallbackDomain, CUpti_CallbackId>> enabled;
   std::vector<uint8_t> kinds[CUPTI_CB_DOMAIN_SIZE];
-  std::unordered_set<std::string> seen;      // launched since the last take
-  std::unordered_set<std::string> captured;  // launched under stream capture or added to a graph, ever
+  Record seen;      // launched since the last take
+  Record captured;  // launched under stream capture or added to a graph, ever
+  Owners graph_owners;  // the issuers of the graph launches since the last take
   bool graph_launched = false;
   int capturing = 0;
+  // between a take(judge=true) and `begin`: the judge's own thread launches kernels of its own
+  bool judge_window = false;
+  std::thread::id judge_thread;
   // the activity of a checked call
   bool recording = false;
   std::unordered_set<std::string> activity_names;
@@ -135,6 +165,7 @@ Kind kind_of(const char* name) {
   if (has("HostFunc")) return starts("cuLaunch") || starts("cudaLaunch") ? kHostFunc : kOther;
   if (starts("cuGraphLaunch") || starts("cudaGraphLaunch")) return kGraph;
   if (starts("cuLaunchKernelEx") || starts("cudaLaunchKernelEx")) return kLaunchEx;
+  if ((starts("cuLaunch") || starts("cudaLaunch")) && has("MultiDevice")) return kLaunchMulti;
   if (starts("cuLaunch") || starts("cudaLaunch")) return kLaunch;
   if (has("BeginCapture")) return kCaptureBegin;
   if (has("EndCapture")) return kCaptureEnd;
@@ -156,6 +187,125 @@ const char* function_name(const Api& api, Kind kind, CUpti_CallbackDomain domain
   return name;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Who issued a launch
+
+// One loaded image (shared library or executable), by its load address.
+struct Image {
+  std::string path;  // its real path (the name it was loaded by where that cannot be resolved)
+  bool pass = false; // NVIDIA's (driver, runtime, CUPTI, vendor libraries) or the C runtime: look past it
+  bool self = false; // this observer
+};
+
+// Basenames of the images a launch passes through on its way from the issuer to the driver
+// (policy.py's _PASS_IMAGE and _VENDOR_IMAGE read the chain the same way). NVIDIA's carry a version
+// after ".so." (libcublasLt.so.13; libcublasLt-1b2c3d4e.so.12 in wheels that bundle CUDA); a
+// candidate's extension is named `<identifier>.so`, so it can never pass for one of them.
+bool passes(const std::string& path) {
+  const std::string base = path.substr(path.rfind('/') + 1);
+  static const char* const kStems[] = {
+      "libcuda.", "libcuda-", "libcudart", "libcupti", "libnvidia-", "libnvperf", "libcublas", "libcudnn",
+      "libcufft", "libcurand", "libcusparse", "libcusolver", "libnccl", "libnvrtc", "libnvJitLink", "libcutensor",
+      "libnvblas", "libc.", "libc-", "libstdc++", "libgcc_s", "libpthread", "ld-linux", "libm.", "libm-"};
+  if (base.find(".so.") == std::string::npos) return false;
+  for (const char* stem : kStems)
+    if (base.rfind(stem, 0) == 0) return true;
+  return false;
+}
+
+// Never destroyed, like state(): callbacks may run during interpreter exit.
+std::mutex& images_mu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::unordered_map<uintptr_t, const Image*>& images() {
+  static auto* m = new std::unordered_map<uintptr_t, const Image*>();
+  return *m;
+}
+
+const void* self_base() {
+  static const void* base = [] {
+    Dl_info info{};
+    return dladdr(reinterpret_cast<const void*>(&passes), &info) ? info.dli_fbase : nullptr;
+  }();
+  return base;
+}
+
+// The image holding `addr`, or nullptr (an address in no image: the heap, a stack, JIT code).
+const Image* image_of(const void* addr) {
+  Dl_info info{};
+  if (addr == nullptr || dladdr(addr, &info) == 0 || info.dli_fbase == nullptr) return nullptr;
+  const auto key = reinterpret_cast<uintptr_t>(info.dli_fbase);
+  std::lock_guard<std::mutex> lock(images_mu());
+  auto it = images().find(key);
+  if (it != images().end()) return it->second;
+  auto* image = new Image();  // kept for the process's life, as images stay mapped
+  const char* name = info.dli_fname != nullptr ? info.dli_fname : "";
+  char* real = realpath(name, nullptr);
+  image->path = real != nullptr ? real : name;
+  std::free(real);
+  image->self = info.dli_fbase == self_base();
+  image->pass = !image->self && passes(image->path);
+  images().emplace(key, image);
+  return image;
+}
+
+// Interned issuer chains: one string per distinct chain, compared by address.
+const std::string* intern(const std::string& chain) {
+  static auto* mu = new std::mutex();
+  static auto* set = new std::unordered_set<std::string>();
+  std::lock_guard<std::mutex> lock(*mu);
+  return &*set->insert(chain).first;
+}
+
+struct Walk {
+  std::string chain;
+  const Image* last = nullptr;
+  int frames = 0;
+  bool found = false;
+};
+
+_Unwind_Reason_Code step(_Unwind_Context* ctx, void* arg) {
+  auto* w = static_cast<Walk*>(arg);
+  const uintptr_t ip = _Unwind_GetIP(ctx);
+  if (ip == 0 || ++w->frames > 96) return _URC_END_OF_STACK;
+  const Image* image = image_of(reinterpret_cast<const void*>(ip - 1));
+  if (image == nullptr || image->self || image == w->last) return _URC_NO_REASON;
+  w->last = image;
+  if (!w->chain.empty()) w->chain += '|';
+  w->chain += image->path;
+  if (image->pass) return _URC_NO_REASON;
+  w->found = true;  // the first image past NVIDIA's and the C runtime's: the issuer
+  return _URC_END_OF_STACK;
+}
+
+// The chain of images from the launch outward, ending at the issuer ("" when the stack could not
+// be read at all). `stub`: the host stub a runtime launch names, whose image issued it unless it is
+// a vendor library's (then whoever called the vendor library is found on the stack).
+const std::string* issuer(const void* stub) {
+  thread_local std::unordered_map<const void*, const std::string*> by_stub;
+  if (stub != nullptr) {
+    auto it = by_stub.find(stub);
+    if (it != by_stub.end()) return it->second;
+    const Image* image = image_of(stub);
+    if (image != nullptr && !image->pass && !image->self) return by_stub[stub] = intern(image->path);
+  }
+  Walk w;
+  _Unwind_Backtrace(&step, &w);
+  return intern(w.chain);
+}
+
+// The issuer of the runtime launch this thread is inside (its driver launch is the same launch).
+thread_local int runtime_depth = 0;
+thread_local const std::string* runtime_owner = nullptr;
+
+void note(Record& record, const std::string& key, const std::string* owner) {
+  auto it = record.find(key);
+  if (it == record.end()) it = record.emplace(key, Owners()).first;
+  if (!it->second.count(owner)) it->second.insert(owner);
+}
+
 void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
   State& s = state();
   if (domain >= CUPTI_CB_DOMAIN_SIZE || cbid >= s.kinds[domain].size()) return;
@@ -170,7 +320,12 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, 
     }
     return;
   }
-  if (!enter) return;
+  const bool launch = kind == kLaunch || kind == kLaunchEx || kind == kLaunchMulti;
+  if (!enter) {
+    if (launch && domain == CUPTI_CB_DOMAIN_RUNTIME_API && runtime_depth > 0 && --runtime_depth == 0)
+      runtime_owner = nullptr;
+    return;
+  }
   if (kind == kCaptureBegin) {
     std::lock_guard<std::mutex> lock(s.mu);
     ++s.capturing;
@@ -179,24 +334,44 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, 
   const char* name = info->symbolName;
   if ((name == nullptr || *name == '\0') && (kind == kLaunch || kind == kLaunchEx))
     name = function_name(s.api, kind, domain, info->functionParams);
+  // Who issued it, found before the lock (the stack walk takes the loader's lock)
+  const std::string* owner = nullptr;
+  if (launch && domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    // cudaLaunchKernel*_params and cudaLaunchCooperativeKernel*_params start with the stub,
+    // cudaLaunchKernelExC*_params hold the launch config first
+    const void* stub = nullptr;
+    if (info->functionParams != nullptr && kind != kLaunchMulti)
+      stub = reinterpret_cast<const void* const*>(info->functionParams)[kind == kLaunchEx ? 1 : 0];
+    owner = issuer(stub);
+    if (runtime_depth++ == 0) runtime_owner = owner;
+  } else if (launch && runtime_depth > 0 && runtime_owner != nullptr) {
+    owner = runtime_owner;  // the driver's half of the runtime launch above
+  } else {
+    owner = issuer(nullptr);
+  }
   thread_local std::string key;  // reused: a repeated kernel costs a hash lookup and no allocation
   std::lock_guard<std::mutex> lock(s.mu);
+  const bool judges = s.judge_window && std::this_thread::get_id() == s.judge_thread;  // the judge's own work
   switch (kind) {
     case kGraph:
+      if (judges) return;
       s.graph_launched = true;
+      if (!s.graph_owners.count(owner)) s.graph_owners.insert(owner);
       return;
     case kHostFunc:
       key.assign(kHostFunction);
       break;
     case kGraphNode:
       key.assign(name != nullptr && *name != '\0' ? name : kUnnamed);
-      if (!s.captured.count(key)) s.captured.insert(key);
+      note(s.captured, key, owner);
       return;
     default:
       key.assign(name != nullptr && *name != '\0' ? name : kUnnamed);
   }
-  if (!s.seen.count(key)) s.seen.insert(key);
-  if (s.capturing > 0 && !s.captured.count(key)) s.captured.insert(key);
+  // a kernel captured into a graph is recorded whoever captures it (the candidate's __init__ runs
+  // on the judge's thread): its replay is judged by what was captured
+  if (s.capturing > 0) note(s.captured, key, owner);
+  if (!judges) note(s.seen, key, owner);
 }
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
@@ -335,27 +510,55 @@ std::string demangle(const std::string& name) {
   return out;
 }
 
-// The kernels launched since the last take (demangled, sorted; with GRAPH_LAUNCH and the kernels
-// a graph may hold when a graph was launched); the record starts empty again.
-std::vector<std::string> take(const std::string& token) {
+// The kernels launched since the last take, each with its issuers (see `issuer`): demangled,
+// sorted, with GRAPH_LAUNCH and the kernels a graph may hold (their issuers at capture) when a
+// graph was launched; the record starts empty again. `judge`: what the calling thread launches
+// from now until `begin` is the judge's own work, left out (other threads' launches are kept).
+std::vector<std::pair<std::string, std::vector<std::string>>> take_owned(const std::string& token, bool judge) {
   check_token(token);
   State& s = state();
-  std::unordered_set<std::string> names;
+  Record names;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     names.swap(s.seen);
     if (s.graph_launched) {
-      names.insert(kGraphLaunch);
-      names.insert(s.captured.begin(), s.captured.end());
+      names[kGraphLaunch].insert(s.graph_owners.begin(), s.graph_owners.end());
+      for (const auto& [name, owners] : s.captured) names[name].insert(owners.begin(), owners.end());
     }
     s.graph_launched = false;
+    s.graph_owners.clear();
+    s.judge_window = judge;
+    s.judge_thread = std::this_thread::get_id();
   }
-  std::vector<std::string> out;
-  out.reserve(names.size());
-  for (const auto& n : names) out.push_back(demangle(n));
+  std::unordered_map<std::string, std::unordered_set<std::string>> plain;
+  for (const auto& [name, owners] : names) {
+    auto& out = plain[demangle(name)];
+    for (const std::string* o : owners) out.insert(*o);
+  }
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  out.reserve(plain.size());
+  for (auto& [name, owners] : plain) {
+    std::vector<std::string> sorted(owners.begin(), owners.end());
+    std::sort(sorted.begin(), sorted.end());
+    out.emplace_back(name, std::move(sorted));
+  }
   std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
+}
+
+std::vector<std::string> take(const std::string& token, bool judge) {
+  std::vector<std::string> out;
+  for (auto& [name, owners] : take_owned(token, judge)) out.push_back(std::move(name));
+  return out;
+}
+
+// The start of a call: the judge's own window (take with judge=true) closes, and everything
+// launched since that take (by other threads) stays recorded for the call's take.
+void begin(const std::string& token) {
+  check_token(token);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.judge_window = false;
 }
 
 // Every callback enabled at install time, and only those, still enabled (cheap: run after every call).
@@ -429,7 +632,9 @@ void warm(const std::string& token) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, pybind11::arg("token"), pybind11::arg("cupti"), pybind11::arg("skip") = "");
-  m.def("take", &take, pybind11::arg("token"));
+  m.def("take", &take, pybind11::arg("token"), pybind11::arg("judge") = false);
+  m.def("take_owned", &take_owned, pybind11::arg("token"), pybind11::arg("judge") = false);
+  m.def("begin", &begin, pybind11::arg("token"));
   m.def("disabled", &disabled, pybind11::arg("token"));
   m.def("activity_start", &activity_start, pybind11::arg("token"));
   m.def("activity_stop", &activity_stop, pybind11::arg("token"));

@@ -22,6 +22,7 @@ only the most recently used few are kept.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -50,6 +51,8 @@ _HOST_FLAG = (r"-O[0-3sz]?|-Ofast|-g[0-3]?|-std=(c|gnu)\+\+\d\d|-D[A-Za-z_]\w*(=
               r"|rounding-math|signed-zeros|trapping-math|associative-math|reciprocal-math|exceptions)"
               r"|-march=native|-mtune=native|-mavx2?|-mavx512\w*|-mfma|-mf16c|-msse\d(\.\d)?|-ffp-contract=\w+"
               r"|-w|-Wall|-Wextra|-Wno-[\w-]+|-pthread|-fopenmp-simd")
+# ptxas options: optimisation level, verbosity, load caching, spill and local-memory warnings
+_PTXAS = r"(-v|-O[0-3]|--verbose|-dlcm=c[ag]|-dscm=\w+|-warn-spills|-warn-lmem-usage|--warn-on-spills|--warn-on-local-memory-usage)"
 _SAFE_FLAG = re.compile(
     rf"^({_HOST_FLAG}|-lineinfo|--generate-line-info|--use_fast_math|-use_fast_math|--std=c\+\+\d\d|-G"
     r"|--restrict|-restrict|--expt-relaxed-constexpr|--expt-extended-lambda|--extended-lambda"
@@ -58,11 +61,33 @@ _SAFE_FLAG = re.compile(
     r"|-res-usage|--resource-usage|-Xcompiler=?-fopenmp|-Xcompiler=?-O[0-3]|-Xcompiler=-march=native"
     r"|-Xcompiler=-ffast-math|-Xcompiler=-funroll-loops|-Xcompiler=-Wall|-Xcompiler=-w"
     r"|-?-ftz=(true|false)|-?-prec-div=(true|false)|-?-prec-sqrt=(true|false)|-?-fmad=(true|false)"
-    r"|--default-stream=per-thread|-lcublas|-lcublasLt|-lcudnn|-lgomp|-lpthread)$")
+    r"|--default-stream=per-thread|-lcublas|-lcublasLt|-lcudnn|-lgomp|-lpthread"
+    # Libraries the process has loaded before any candidate code (PyTorch links them): naming them
+    # again adds no code, only a DT_NEEDED entry the loader finds satisfied. What the binary then
+    # calls in them is judged per symbol (policy.check_binary), as without the flag: the strict
+    # policy refuses cuRAND/cuFFT/cuSPARSE functions whatever links them.
+    r"|-l(cudart|cuda|c10|c10_cuda|torch|torch_cuda|torch_cpu|torch_python|m|stdc\+\+|curand|cufft|cusparse)"
+    # nvcc options with no effect on what the code may reach: ptxas's optimisation level, verbosity,
+    # caching and spill warnings (comma lists too), virtual and real architectures, compile threads,
+    # suppressed front-end diagnostics
+    rf"|-Xptxas=({_PTXAS}(,{_PTXAS})*)|--ptxas-options=({_PTXAS}(,{_PTXAS})*)"
+    rf"|-Xcompiler=({_HOST_FLAG})(,({_HOST_FLAG}))*|--compiler-options=({_HOST_FLAG})(,({_HOST_FLAG}))*"
+    r"|-arch=(compute|sm)_\d+a?|--gpu-architecture=(compute|sm)_\d+a?|-code=(sm|compute)_\d+a?(,(sm|compute)_\d+a?)*"
+    r"|--gpu-code=(sm|compute)_\d+a?(,(sm|compute)_\d+a?)*"
+    r"|(-gencode=|--generate-code=)arch=compute_\d+a?,code=\[?(sm|compute)_\d+a?(,(sm|compute)_\d+a?)*\]?"
+    r"|--threads=\d+|-t\d+|-m64|-Xcudafe=--diag_suppress=[\w,]+|--diag-suppress=[\d,]+|-diag-suppress=[\d,]+"
+    r"|-Wno-deprecated-gpu-targets|-ftemplate-depth=\d+)$")
 # nvcc's two-token spellings (`-Xptxas -O3`, `-Xcompiler -fopenmp`): the option alone is harmless
 # only with one of these values right after it.
-_PAIRED = {"-Xptxas": re.compile(r"^(-v|-O[0-3])$"),
-           "-Xcompiler": re.compile(rf"^({_HOST_FLAG})$")}
+_PAIRED = {"-Xptxas": re.compile(rf"^({_PTXAS}(,{_PTXAS})*)$"),
+           "--ptxas-options": re.compile(rf"^({_PTXAS}(,{_PTXAS})*)$"),
+           "-Xcompiler": re.compile(rf"^({_HOST_FLAG})(,({_HOST_FLAG}))*$"),
+           "--compiler-options": re.compile(rf"^({_HOST_FLAG})(,({_HOST_FLAG}))*$"),
+           "-gencode": re.compile(r"^arch=compute_\d+a?,code=\[?(sm|compute)_\d+a?(,(sm|compute)_\d+a?)*\]?$"),
+           "--generate-code": re.compile(r"^arch=compute_\d+a?,code=\[?(sm|compute)_\d+a?(,(sm|compute)_\d+a?)*\]?$"),
+           "-arch": re.compile(r"^(compute|sm)_\d+a?$"), "-code": re.compile(r"^(sm|compute)_\d+a?$"),
+           "-t": re.compile(r"^\d+$"), "--threads": re.compile(r"^\d+$"),
+           "-Xcudafe": re.compile(r"^--diag_suppress=[\w,]+$")}
 
 
 def clean_flags(flags) -> tuple[str, ...]:
@@ -166,6 +191,35 @@ def library_imports(library: Path) -> list[str] | None:
     return value if isinstance(value, list) else None
 
 
+def toolkit_lib_dirs() -> frozenset[str]:
+    """The folders the libraries PyTorch loads come from (real paths): torch's own lib folder,
+    the CUDA toolkit's (and its link stubs, where -lcuda is found on a machine without a driver),
+    and the lib folders of the nvidia-* wheels PyTorch depends on. `-L` to one of them adds no
+    library the process does not already have; any other folder could hold one of the candidate's."""
+    import glob
+
+    dirs: set[str] = set()
+    try:
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME
+        dirs.add(str(Path(torch.__file__).parent / "lib"))
+    except Exception:  # no torch: nothing to compare with, every -L is refused
+        return frozenset()
+    if CUDA_HOME:
+        for rel in ("lib64", "lib", "lib64/stubs", "lib/stubs", "targets/*/lib", "targets/*/lib/stubs"):
+            dirs.update(glob.glob(os.path.join(CUDA_HOME, rel)))
+    for entry in sys.path:
+        dirs.update(glob.glob(os.path.join(entry or ".", "nvidia", "*", "lib")))
+    return frozenset(os.path.realpath(d) for d in dirs if os.path.isdir(d))
+
+
+def _toolkit_dir(path: str) -> bool:
+    return bool(path) and os.path.isdir(path) and os.path.realpath(path) in _TOOLKIT_DIRS()
+
+
+_TOOLKIT_DIRS = functools.lru_cache(maxsize=1)(toolkit_lib_dirs)
+
+
 def check_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
     """Flags that are not allowed (empty list if all are fine). Blank entries are no flags."""
     flags = [str(f) for f in flags]
@@ -175,6 +229,12 @@ def check_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
         f = flags[i].strip()
         if f in _PAIRED and i + 1 < len(flags) and _PAIRED[f].match(flags[i + 1].strip()):
             i += 2
+            continue
+        if f == "-L" and i + 1 < len(flags) and _toolkit_dir(flags[i + 1].strip()):
+            i += 2
+            continue
+        if f.startswith("-L") and _toolkit_dir(f[2:]):
+            i += 1
             continue
         if f and not _SAFE_FLAG.match(f):
             bad.append(flags[i])

@@ -835,6 +835,12 @@ class Judge:
         found = [] if session.trusted else pol.check_dispatched(_strs(reply.get("ops")), cfg.policy)
         kernels = _strs(reply.get("launched")) + _strs(reply.get("kernels"))  # launched (every call), ran (checked)
         found += [] if session.trusted else pol.check_kernels(kernels, cfg.policy)
+        # and by who issued them (PyTorch, directly or through cuBLAS; a vendor library the task does not allow)
+        owners = reply.get("owners")
+        if not session.trusted and isinstance(owners, dict):
+            chains = {str(k)[:300]: [str(c)[:4096] for c in v[:8]] for k, v in list(owners.items())[:MAX_KERNELS + 1]
+                      if isinstance(v, list)}  # a chain cut short would lose its issuer, at its end
+            found += ln.check_kernel_owners(chains, cfg.policy, ev.vendor, ln.torch_dir())
         if not session.trusted and any(isinstance(reply.get(k), list) and len(reply[k]) > MAX_KERNELS
                                        for k in ("launched", "kernels")):
             found.append(f"call {i} launched more than {MAX_KERNELS} distinct kernels (too many to check)")

@@ -6,7 +6,9 @@
    processes, files, timers, Python C-API) and, strictly, ATen/torch compute.
 3. What actually ran, reported on every call by the judge's observers: the ATen operators that
    entered the dispatcher (observer.py) and, on CUDA, the kernels launched (launches.py, CUPTI
-   launch callbacks). Source patterns can be
+   launch callbacks), judged by name here and by who issued them in launches.py
+   (`check_kernel_owners`: PyTorch's kernels, direct or replayed from a graph, and vendor kernels
+   beyond the task's allowance). Source patterns can be
    obfuscated; the few ways below the dispatcher's RecordFunction are sealed before candidate code
    loads.
 4. What the compiled library imports (`check_binary`): an allow-list under the strict policy, and

@@ -181,6 +181,7 @@ class CallReply(TypedDict, total=False):
     flags_changed: list[str]       # global numeric settings changed
     blocked: list[str]
     launched: list[str] | None     # the CUDA kernels the call launched (launches.cpp); None without it
+    owners: dict[str, list[str]] | None  # who issued each of them: image chains (launches.cpp `issuer`)
     kernels: list[str]             # the CUDA kernels that ran, from the `kernels` message below
     kernel_ms: float               # and their device time, from the same message
 

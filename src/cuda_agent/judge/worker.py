@@ -460,7 +460,9 @@ def _install_launches(path: str | None) -> None:
         token = obs.new_token()
         module.install(token, cupti, GATE_KERNEL)
         module.warm(token)  # CUPTI's activity machinery starts slowly the first time
-        module.take(token)
+        # from here to the first call's `begin`, this thread's launches are the judge's own (and the
+        # candidate's __init__, which is no call); other threads' are kept for the first call
+        module.take(token, True)
     except Exception as exc:
         _LAUNCHES_PROBLEM = f"the launch observer failed to start: {type(exc).__name__}: {exc}"[:300]
         return
@@ -781,7 +783,10 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             launches, ltoken = _LAUNCHES if _LAUNCHES is not None else (None, None)
             recording = device == "cuda" and bool(msg.get("kernels", True))
             if launches is not None:
-                launches.take(ltoken)  # what the judge's own unpacking, flushing and touching launched
+                # What this thread launched since the last call (the judge's own unpacking, flushing
+                # and touching) was left out; what other threads launched meanwhile (a team the
+                # candidate left running) is kept and counts as this call's.
+                launches.begin(ltoken)
                 if recording:
                     launches.activity_start(ltoken)
             elif recording:
@@ -824,12 +829,14 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # before the outputs are copied out: those kernels are the judge's
             if prof is not None:
                 prof.__exit__(None, None, None)
-            launched = None
+            launched = owners = None
             unobserved = [] if observer.SENTINEL in ops else ["the operator observer (its sentinel went unrecorded)"]
             if launches is not None:
                 if recording:
                     launches.activity_stop(ltoken)
-                launched = launches.take(ltoken)
+                owned = launches.take_owned(ltoken, True)  # and the judge's own work again, until the next begin
+                launched = [name for name, _ in owned]
+                owners = {name: chains[:8] for name, chains in owned[:MAX_KERNELS + 1] if name != GATE_KERNEL}
                 unobserved += [f"the launch observer ({name} no longer traced)" for name in launches.disabled(ltoken)[:3]]
                 if gated and GATE_KERNEL not in launched:
                     unobserved.append("the launch observer (the gate's launch went unrecorded)")
@@ -849,6 +856,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                        "structure": structure, "outputs": meta,
                        "tampered": tampered, "ops": ops[:4096], "flags_changed": changed,
                        "launched": launched[:MAX_KERNELS + 1] if launched is not None else None,
+                       "owners": owners,
                        "blocked": blocked[:20]})
             if staged:
                 # after the clock: the inputs as forward left them, back where the judge reads them
