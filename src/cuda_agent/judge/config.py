@@ -159,6 +159,19 @@ class JudgeConfig(BaseModel):
         abs_ms = self.timing_abs_slack_ms if self.timing_abs_slack_ms is not None else (
             0.2 if self.device == "cuda" else 0.3)
         return rel, abs_ms
+    floor_margin: float = Field(
+        1.25, ge=0, description="CUDA: a candidate whose runtime beats the task's physical floor (bytes it must move "
+                                "through DRAM beyond the L2's size, at the datasheet's peak: hardware/sol.py) by "
+                                "more than this factor fails with the timing category. Room for what the floor does "
+                                "not model (compressible memory, inputs whose contribution is below tolerance, the "
+                                "event clock's resolution); honest kernels measure at most ~0.9 of the floor "
+                                "(measured copy bandwidth over the datasheet's). 0: no check")
+    memcheck: bool = Field(
+        False, description="CUDA: after the calls pass, run one checked call of the candidate under NVIDIA "
+                           "compute-sanitizer (memcheck, and racecheck where its sources use shared memory) in its "
+                           "own sandboxed process; any error fails it with the runtime category and the "
+                           "sanitizer's first report (judge/memcheck.py). Costs a process start and one call "
+                           "10-100x slower than usual")
     build_timeout_s: float = Field(300.0, description="limit on one build")
     light_cuda_headers: bool = Field(
         False, description="build a .cu that includes <torch/extension.h> first with a stand-in of the judge's "

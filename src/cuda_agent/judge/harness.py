@@ -39,6 +39,7 @@ import torch
 
 from cuda_agent import host
 from cuda_agent.candidate import Candidate
+from cuda_agent.hardware.sol import floor_breach
 from cuda_agent.tasks import Task
 
 from . import launches as ln
@@ -381,6 +382,11 @@ class Judge:
         if rec.gross_lie:
             v.correct = False
             raise _Stop(FC.TIMING, rec.note)
+        # A runtime no correct implementation can reach on this GPU (hardware/sol.py, the physical floor)
+        breach = floor_breach(v.speed_of_light, v.runtime_ms, cfg.floor_margin)
+        if breach:
+            v.correct = False
+            raise _Stop(FC.TIMING, breach)
 
     def _judge_can_release(self, session: Session) -> bool:
         """Whether a second round of timed calls can have the judge open their gates, where the
@@ -922,7 +928,8 @@ class Judge:
         known = self.baselines.get(bkey)
         if known is not None and mode == "null" and self.device == "cpu" and known.wall_overhead_ms is None:
             known = None  # stored before the wall-clock bound existed: measured again, with it
-        if known is not None and mode == "eager" and known.speed_of_light is None:  # cached before it existed
+        if known is not None and mode == "eager" and (known.speed_of_light is None  # cached before it existed
+                                                      or not known.speed_of_light.has_floor_fields):  # or the floor
             known = known.model_copy(update={"speed_of_light": task_speed_of_light(task, self.device,
                                                                                  self.device_name)})
             self.baselines.put(bkey, known)

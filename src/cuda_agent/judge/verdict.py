@@ -158,6 +158,16 @@ class Verdict(BaseModel):
         return self.speed_of_light.share(self.runtime_ms) if self.correct and self.speed_of_light else None
 
     @property
+    def floor_ms(self) -> float | None:
+        return self.speed_of_light.floor_ms if self.speed_of_light else None
+
+    @property
+    def floor_share(self) -> float | None:
+        """floor_ms / runtime_ms, whatever the verdict (over JudgeConfig.floor_margin fails it): how close the
+        runtime came to the physical floor (hardware/sol.py)."""
+        return self.speed_of_light.floor_share(self.runtime_ms) if self.speed_of_light else None
+
+    @property
     def eager_sol_share(self) -> float | None:
         return self.speed_of_light.share(self.eager_ms) if self.speed_of_light else None
 
@@ -191,6 +201,8 @@ class Verdict(BaseModel):
             "sol_bound": self.speed_of_light.bound if self.speed_of_light else None,
             "sol_gpu": self.speed_of_light.gpu_model if self.speed_of_light else None,
             "sol_note": self.speed_of_light.reason if self.speed_of_light else None,
+            "floor_ms": self.floor_ms,
+            "floor_share": self.floor_share,
             "timing_source": self.runtime.source if self.runtime else None,
             "runtime_spread_ms": [self.runtime.p10_ms, self.runtime.p90_ms] if self.runtime else None,
             "max_abs_err": self.max_abs_err,
