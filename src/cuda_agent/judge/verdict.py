@@ -80,6 +80,19 @@ class CallRecord(BaseModel):
     ok: bool = True
 
 
+class SanitizerRun(BaseModel):
+    """One checked call of the candidate under NVIDIA compute-sanitizer (JudgeConfig.memcheck,
+    judge/memcheck.py). `errors`: the count the sanitizer's summary gives (None: no summary seen);
+    the verdict follows its exit status, which the candidate's process cannot set."""
+
+    model_config = ConfigDict(frozen=True)
+    tool: str                        # "memcheck" | "racecheck"
+    exit_code: int | None            # None: killed at its time limit
+    errors: int | None = None
+    first_report: str | None = None  # the sanitizer's first error report, as printed
+    seconds: float = 0.0
+
+
 class Verdict(BaseModel):
     """Everything the judge decided about one candidate on one task."""
 
@@ -123,6 +136,7 @@ class Verdict(BaseModel):
     # (`cuda_agent.hardware.sol`); kept with the task's eager baseline.
     speed_of_light: SpeedOfLight | None = None
     from_cache: bool = False  # answered from the judge's verdict cache (`verdict_cache`): nothing ran
+    memcheck: list[SanitizerRun] = Field(default_factory=list)  # JudgeConfig.memcheck: the sanitizer's runs
 
     @property
     def runtime_ms(self) -> float | None:
@@ -220,4 +234,5 @@ class Verdict(BaseModel):
             "notes": list(self.notes),
             "isolation": list(self.isolation),
             "reduced_isolation": list(self.reduced_isolation),
+            "memcheck": [r.model_dump(mode="json") for r in self.memcheck],
         }
