@@ -16,7 +16,7 @@ import pytest
 
 from cuda_agent.hardware import sol as hsol
 from cuda_agent.hardware.peaks import peaks_for
-from cuda_agent.hardware.sol import SpeedOfLight, TaskWork, floor_breach, floor_bytes, required_input_bytes, \
+from cuda_agent.hardware.sol import SpeedOfLight, TaskWork, floor_breach, floor_bytes, required_bytes, \
     speed_of_light
 
 MB = 1_000_000
@@ -100,7 +100,7 @@ def test_every_element_of_an_elementwise_input_is_required():
             def forward(self, x):
                 return x * torch.sigmoid(x)
         """, "[torch.randn(64, 32)]")
-    assert required_input_bytes(src, device="cpu") == 64 * 32 * 4
+    assert required_bytes(src, device="cpu") == (64 * 32 * 4, 64 * 32 * 4)
 
 
 def test_a_slice_requires_only_the_elements_it_reads():
@@ -109,7 +109,7 @@ def test_a_slice_requires_only_the_elements_it_reads():
             def forward(self, x):
                 return x[:, :4] * 2
         """, "[torch.randn(64, 32)]")
-    assert required_input_bytes(src, device="cpu") == 64 * 4 * 4
+    assert required_bytes(src, device="cpu") == (64 * 4 * 4, 64 * 4 * 4)
 
 
 def test_unused_parameters_and_integer_inputs_are_not_required():
@@ -122,7 +122,7 @@ def test_unused_parameters_and_integer_inputs_are_not_required():
             def forward(self, x, idx):
                 return x * self.scale + idx.sum()
         """, "[torch.randn(64, 32), torch.randint(0, 5, (100,))]")
-    assert required_input_bytes(src, device="cpu") == (64 * 32 + 32) * 4
+    assert required_bytes(src, device="cpu") == ((64 * 32 + 32) * 4, 64 * 32 * 4)
 
 
 def test_a_gemm_that_collapses_still_requires_all_of_x_and_w():
@@ -135,7 +135,7 @@ def test_a_gemm_that_collapses_still_requires_all_of_x_and_w():
             def forward(self, x):
                 return self.linear(x).sum(dim=1, keepdim=True)
         """, "[torch.randn(8, 32)]")
-    assert required_input_bytes(src, device="cpu") == (8 * 32 + 16 * 32) * 4
+    assert required_bytes(src, device="cpu") == ((8 * 32 + 16 * 32) * 4, 8 * 4)
 
 
 def test_an_output_independent_of_its_input_requires_nothing():
@@ -145,7 +145,35 @@ def test_an_output_independent_of_its_input_requires_nothing():
             def forward(self, x):
                 return torch.softmax(x.mean(dim=1, keepdim=True), dim=1)
         """, "[torch.randn(8, 32)]")
-    assert required_input_bytes(src, device="cpu") == 0
+    assert required_bytes(src, device="cpu") == (0, 4)  # one value, repeated over the batch
+
+
+def test_an_output_that_rearranges_an_input_has_no_floor():
+    src = _task("""
+        class Model(nn.Module):
+            def forward(self, x):
+                return x.transpose(0, 1).contiguous()   # a candidate may return the view
+        """, "[torch.randn(64, 32)]")
+    assert required_bytes(src, device="cpu") == (0, 0)
+
+
+def test_an_output_repeated_along_a_dimension_counts_one_slice():
+    src = _task("""
+        class Model(nn.Module):
+            def forward(self, x):
+                return x.sum(dim=0, keepdim=True).repeat(16, 1)   # 16 equal rows
+        """, "[torch.randn(64, 32)]")
+    assert required_bytes(src, device="cpu") == (64 * 32 * 4, 32 * 4)
+
+
+def test_an_expanded_input_is_required_once():
+    src = _task("""
+        class Model(nn.Module):
+            def forward(self, x):
+                return x * 2
+        """, "[torch.randn(1, 32).expand(64, 32)]")
+    got = required_bytes(src, device="cpu")
+    assert got[0] == 32 * 4
 
 
 def test_a_reference_whose_backward_cannot_run_gives_no_dependence():
@@ -154,7 +182,7 @@ def test_a_reference_whose_backward_cannot_run_gives_no_dependence():
             def forward(self, x):
                 return x.add_(1)   # in place on a leaf that requires grad: autograd refuses
         """, "[torch.randn(8, 32)]")
-    assert required_input_bytes(src, device="cpu") is None
+    assert required_bytes(src, device="cpu") is None
 
 
 # ------------------------------------------------------------------------------------ the harness

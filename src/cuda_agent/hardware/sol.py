@@ -32,10 +32,14 @@ and an honest kernel may do less:
   (KernelBench level 2 "Matmul_Sum_...": sum(x W^T, dim=1) = x (sum of W's rows), a GEMM become a
   GEMV; softmax over a dimension of size 1 is a constant), so the reference's FLOP count at any peak
   is no floor. The FLOP side stays in `sol_ms` and its share, for information.
-- Bytes: only inputs and parameters the output depends on (`required_input_bytes`: elements whose
+- Bytes: only inputs and parameters the output depends on (`required_bytes`: elements whose
   gradient under a random cotangent is non-zero, from one forward and backward of the reference on
   the judge's device; non-float inputs, buffers and elements behind zero-gradient operators such as
-  ReLU's negative side, sign or argmax are not counted, which only lowers the floor), plus the outputs.
+  ReLU's negative side, sign or argmax are not counted, which only lowers the floor), plus the outputs
+  without the dimensions along which their values repeat (a candidate may return an expanded view of
+  one slice; the judge materialises it after the call's clock). Where an output holds exactly the
+  values of an input or a parameter (the identity, a transpose, a reshape) there is no floor: a
+  candidate may return a view of it and move nothing within the call.
 - The L2: a call can find up to the L2's size of its inputs on chip when it starts (the judge writes
   inputs after its flush, and stages them in the process's memory) and leave up to that much of its
   outputs there, dirty, when it ends. So reads count only beyond the L2's size, and writes too:
@@ -114,8 +118,10 @@ class TaskWork(BaseModel):
     output_bytes: int = 0
     counted_on: str = "meta"      # where the reference ran while counted
     uncounted_ops: list[str] = Field(default_factory=list)
-    # inputs and parameters (bytes) the output depends on (see the module docstring); None: not established
+    # inputs and parameters (bytes) the output depends on, and output bytes a candidate must write (see
+    # the module docstring: repeated values and rearranged inputs need less); None: not established
     required_input_bytes: int | None = None
+    required_output_bytes: int | None = None
 
     @property
     def flops(self) -> int:
@@ -205,7 +211,8 @@ def floor_bytes(work: TaskWork, l2_bytes: int) -> int:
     """Bytes a call must move through DRAM whatever it computes (module docstring): the inputs it
     depends on beyond what the L2 can hold when it starts, the outputs beyond what it can hold when it ends."""
     need = work.required_input_bytes or 0
-    return max(0, need - l2_bytes) + max(0, work.output_bytes - l2_bytes)
+    out = work.output_bytes if work.required_output_bytes is None else work.required_output_bytes
+    return max(0, need - l2_bytes) + max(0, out - l2_bytes)
 
 
 def speed_of_light(work: TaskWork, device_name: str, peaks: GpuPeaks | None = None,
@@ -245,7 +252,8 @@ def floor_breach(sol: SpeedOfLight | None, runtime_ms: float | None, margin: flo
     return (f"runtime {runtime_ms:.4g} ms is below the physical floor of this task on {sol.gpu_model}: "
             f"{sol.floor_ms:.4g} ms = {sol.floor_bytes / 1e6:.1f} MB that must cross DRAM / {sol.dram_gbs:.0f} GB/s "
             f"(the datasheet peak). The bytes: inputs and parameters the output depends on "
-            f"{(work.required_input_bytes or 0) / 1e6:.1f} MB and outputs {work.output_bytes / 1e6:.1f} MB, "
+            f"{(work.required_input_bytes or 0) / 1e6:.1f} MB and outputs "
+            f"{(work.output_bytes if work.required_output_bytes is None else work.required_output_bytes) / 1e6:.1f} MB, "
             f"each less the {l2_mb:.0f} MB the L2 can hold. The runtime is {share:.3g}x faster than that "
             f"(allowed: {margin:.3g}x); no correct implementation moves those bytes faster")
 
@@ -354,13 +362,39 @@ def count_work(source: str, *, device: str = "cpu", name: str = "task") -> TaskW
     raise ValueError(f"{name}: cannot count the reference's work ({'; '.join(problems)})")
 
 
-def required_input_bytes(source: str, *, device: str, name: str = "task", seed: int = 0) -> int | None:
-    """Bytes of the inputs and parameters the reference's output depends on: one forward and one
-    backward of the reference on `device` (real values: meta tensors have no gradients) with a random
-    cotangent; an element counts when its gradient is non-zero (module docstring). Only top-level
-    float input tensors and parameters are asked; the rest count as not needed, which only lowers
-    the floor. Runs the reference's code in this process (trusted only). None when it cannot run
-    (a backward that raises, memory): the floor then counts the outputs alone."""
+def _distinct_bytes(t) -> int:
+    """Bytes of `t` once the dimensions along which its values repeat are left out: a candidate may
+    return such an output as an expanded view of one slice, which writes only that slice."""
+    import torch
+
+    for dim in range(t.dim()):
+        if t.shape[dim] > 1 and torch.equal(t, t.narrow(dim, 0, 1).expand_as(t)):
+            t = t.narrow(dim, 0, 1)
+    return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+
+def _rearranges(out, sources) -> bool:
+    """Whether `out` holds exactly the values of one of `sources`, maybe reordered (a transpose, a
+    reshape, a flip, the identity): a candidate may return a view of it and move nothing in the call."""
+    import torch
+
+    flat = out.detach().reshape(-1)
+    for src in sources:
+        if src.numel() == out.numel() and src.dtype == out.dtype:
+            if torch.equal(torch.sort(flat).values, torch.sort(src.detach().reshape(-1)).values):
+                return True
+    return False
+
+
+def required_bytes(source: str, *, device: str, name: str = "task", seed: int = 0) -> tuple[int, int] | None:
+    """(bytes of the inputs and parameters the reference's output depends on, bytes of output a
+    candidate must write). The first from one forward and one backward of the reference on `device`
+    (real values: meta tensors have no gradients) with a random cotangent: an element counts when its
+    gradient is non-zero (module docstring); only top-level float input tensors and parameters are
+    asked, the rest count as not needed, which only lowers the floor. Outputs count without the
+    dimensions along which their values repeat, and (0, 0), no floor at all, where an output is a
+    rearrangement of an input or a parameter. Runs the reference's code in this process (trusted
+    only). None when it cannot run (a backward that raises, memory): the floor then counts the outputs."""
     import torch
 
     module = types.ModuleType(f"dep_{name}")
@@ -378,14 +412,22 @@ def required_input_bytes(source: str, *, device: str, name: str = "task", seed: 
         if isinstance(model, torch.nn.Module):
             leaves += [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
         with torch.enable_grad():
-            outs = [t for t in _tensors(model(*inputs)) if t.is_floating_point() and t.requires_grad]
+            every = _tensors(model(*inputs))
+            outs = [t for t in every if t.is_floating_point() and t.requires_grad]
+            with torch.no_grad():
+                if any(_rearranges(t, leaves) for t in every):
+                    return 0, 0
+                written = sum(_distinct_bytes(t.detach()) for t in {id(t): t for t in every}.values())
             if not outs or not leaves:
-                return 0
+                return 0, written
             gen = torch.Generator(device=device).manual_seed(seed + 1)
             cotangents = [torch.randn(t.shape, dtype=t.dtype, device=t.device, generator=gen) for t in outs]
             grads = torch.autograd.grad(outs, leaves, cotangents, allow_unused=True)
-        # NaN != 0, so a NaN gradient counts as a dependence (sqrt at 0 and the like)
-        return sum(int((g != 0).sum()) * leaf.element_size() for leaf, g in zip(leaves, grads) if g is not None)
+        # NaN != 0, so a NaN gradient counts as a dependence (sqrt at 0 and the like); never more than the
+        # tensor's storage (an expanded input is stored once)
+        read = sum(min(int((g != 0).sum()) * leaf.element_size(), leaf.untyped_storage().nbytes())
+                   for leaf, g in zip(leaves, grads) if g is not None)
+        return read, written
     except Exception:  # a reference that cannot run backward (in-place on leaves, integer paths, memory)
         return None
     finally:

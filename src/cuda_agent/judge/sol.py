@@ -4,7 +4,7 @@ reference already runs) and bound it on the judging GPU. Kept with the eager bas
 from __future__ import annotations
 
 from cuda_agent.hardware.peaks import peaks_for
-from cuda_agent.hardware.sol import SpeedOfLight, TaskWork, count_work, required_input_bytes, speed_of_light
+from cuda_agent.hardware.sol import SpeedOfLight, TaskWork, count_work, required_bytes, speed_of_light
 from cuda_agent.tasks import Task
 
 
@@ -19,8 +19,9 @@ def task_speed_of_light(task: Task, device: str, device_name: str) -> SpeedOfLig
                             floor_bytes=None)
     l2_bytes = None
     if peaks_for(device_name) is not None:  # a GPU with a bound: its physical floor needs the dependence
-        work = work.model_copy(update={"required_input_bytes": required_input_bytes(task.source, device=device,
-                                                                                     name=name)})
+        needed = required_bytes(task.source, device=device, name=name)
+        if needed is not None:
+            work = work.model_copy(update={"required_input_bytes": needed[0], "required_output_bytes": needed[1]})
         if device == "cuda":
             import torch
 
