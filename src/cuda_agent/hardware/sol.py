@@ -249,11 +249,11 @@ def floor_breach(sol: SpeedOfLight | None, runtime_ms: float | None, margin: flo
         return None
     work = sol.work
     l2_mb = (sol.l2_bytes or 0) / 1e6
+    written = work.output_bytes if work.required_output_bytes is None else work.required_output_bytes
     return (f"runtime {runtime_ms:.4g} ms is below the physical floor of this task on {sol.gpu_model}: "
             f"{sol.floor_ms:.4g} ms = {sol.floor_bytes / 1e6:.1f} MB that must cross DRAM / {sol.dram_gbs:.0f} GB/s "
             f"(the datasheet peak). The bytes: inputs and parameters the output depends on "
-            f"{(work.required_input_bytes or 0) / 1e6:.1f} MB and outputs "
-            f"{(work.output_bytes if work.required_output_bytes is None else work.required_output_bytes) / 1e6:.1f} MB, "
+            f"{(work.required_input_bytes or 0) / 1e6:.1f} MB and outputs {written / 1e6:.1f} MB, "
             f"each less the {l2_mb:.0f} MB the L2 can hold. The runtime is {share:.3g}x faster than that "
             f"(allowed: {margin:.3g}x); no correct implementation moves those bytes faster")
 
