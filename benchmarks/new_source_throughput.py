@@ -109,7 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-mode", default="none",
                    choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "none"))
     p.add_argument("-c", "--set", dest="sets", action="append", default=[], help="override one JudgeConfig field")
-    p.add_argument("--workers", type=int, help="judge workers (cuda: one per visible GPU)")
+    p.add_argument("--workers", type=int, help="judge workers (cuda: judges per GPU x visible GPUs)")
+    p.add_argument("--judges-per-gpu", type=int, default=1,
+                   help="CUDA: judge workers sharing each GPU (timed calls take turns; default 1)")
     p.add_argument("--compile-workers", type=int, help="compile workers (default: the pool's)")
     p.add_argument("--time-limit", type=float, help="seconds one record may hold a judge worker")
     p.add_argument("--report-only", action="store_true", help="judge nothing: report what OUT holds")
@@ -118,6 +120,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--corpus is needed unless --report-only")
     if args.sample is not None and args.sample < 1:
         p.error("--sample must be at least 1")
+    if args.judges_per_gpu < 1:
+        p.error("--judges-per-gpu must be at least 1")
     return args
 
 
@@ -139,15 +143,18 @@ def run(args: argparse.Namespace) -> dict:
     corpus = fidelity.load_corpus(args.corpus)
     records = fidelity.stratified_sample(corpus.records, args.sample, args.seed)
     config = fidelity.judge_config(args).model_copy(update={"cache_dir": cache})
-    pool_config = fidelity.pool_config(args)
     from cuda_agent.host import visible_gpus
+    from cuda_agent.pool import PoolConfig
 
+    pool_config = PoolConfig(judge_workers=args.workers, compile_workers=args.compile_workers,
+                             time_limit_s=args.time_limit, judges_per_gpu=args.judges_per_gpu)
     gpus = max(1, len(visible_gpus())) if args.device == "cuda" else 1
-    judges = args.workers or gpus
+    judges = args.workers or gpus * args.judges_per_gpu
     t0 = time.monotonic()
     fidelity.judge_records(records, out, config, pool_config, {})
     wall_s = time.monotonic() - t0
-    report = summarize(list(fidelity.read_results(out).values()), wall_s, min(gpus, judges), judges)
+    used = min(gpus, -(-judges // args.judges_per_gpu)) if args.device == "cuda" else 1  # GPUs the judges hold
+    report = summarize(list(fidelity.read_results(out).values()), wall_s, used, judges)
     report["settings"] = fidelity.settings_of(config)["config"]
     (out / REPORT_FILE).write_text(json.dumps(report, indent=1))
     return report
