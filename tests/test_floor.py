@@ -242,3 +242,33 @@ def test_bundled_cuda_solutions_break_no_floor(tmp_path):
     closest.sort(reverse=True)
     print("closest shares of the physical floor:", [f"{n}: {s:.3f}" for s, n in closest[:5]])
     assert all(s <= 1.0 for s, _ in closest), closest[:5]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_the_floor_check_fires_on_the_cuda_verdict_path(tmp_path):
+    """The real CUDA path (the floor counted on the GPU, the device's L2, the gated runtime): an honest
+    SiLU over 64 MiB in and out stays under the floor with the default margin, and a margin shrunk to
+    a hundredth of it, as if its time had been faked 100x shorter, fails it with the timing category."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.judge import FailureCategory, Judge, JudgeConfig
+    from cuda_agent.tasks import load_task_file
+
+    fixtures = Path(__file__).parent / "fixtures"
+    task = load_task_file(fixtures / "tasks" / "cuda" / "elementwise.py")
+    candidate = Candidate.from_path(fixtures / "cuda" / "honest" / "silu_vec.py")
+    base = dict(device="cuda", compile_mode="none", n_timed=5, cache_dir=tmp_path / "cache")
+    with Judge(JudgeConfig(**base)) as j:
+        v = j.evaluate(task, candidate)
+    assert v.correct, v.failure
+    sol = v.speed_of_light
+    assert sol.floor_ms and sol.work.required_input_bytes == 4096 * 4096 * 4, sol
+    print(f"silu 4096^2: floor {sol.floor_ms * 1e3:.1f} us, runtime {v.runtime_ms * 1e3:.1f} us, "
+          f"share {v.floor_share:.3f}, L2 {sol.l2_bytes / 1e6:.0f} MB")
+    with Judge(JudgeConfig(floor_margin=v.floor_share / 100, **base)) as j:
+        v = j.evaluate(task, candidate)
+    assert v.failure is not None and v.failure.category == FailureCategory.TIMING, v.failure
+    assert "physical floor" in v.failure.message
