@@ -206,6 +206,15 @@ def test_a_candidate_that_raises_under_the_sanitizer_fails_as_runtime(tmp_path, 
 
 
 @pytest.mark.slow
+def test_a_candidate_flooding_the_log_still_fails_as_its_own_fault(tmp_path, monkeypatch):
+    """Output past what the log's tail holds cannot hide that candidate code ran (the judge's category)."""
+    flooding = CANDIDATE.replace("return x * torch.sigmoid(x)",
+                                 "print('x' * 400_000, flush=True); raise ValueError('after the flood')")
+    _, failure = _check(tmp_path, monkeypatch, CLEAN, flooding)
+    assert failure is not None and failure.category == FailureCategory.RUNTIME, failure
+
+
+@pytest.mark.slow
 def test_the_candidate_runs_confined(tmp_path, monkeypatch):
     """The worker's audit hook is in force in the sanitized process: a candidate that spawns a shell fails."""
     escaping = CANDIDATE.replace("return x * torch.sigmoid(x)",

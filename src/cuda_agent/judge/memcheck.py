@@ -160,6 +160,14 @@ def failure_of(run: SanitizerRun, log_tail: str) -> Failure | None:
                                               f"failed (exit {run.exit_code}):\n{log_tail[-1500:]}")
 
 
+def _log_head(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def run_tool(tool: str, spawn, limit_s: float) -> tuple[SanitizerRun, str]:
     """Run one tool: `spawn(argv_prefix)` starts the sandboxed process (the caller's `Sandboxed`, whose
     log holds the sanitizer's and the program's output) and returns it. Waits at most `limit_s`; the
@@ -175,6 +183,11 @@ def run_tool(tool: str, spawn, limit_s: float) -> tuple[SanitizerRun, str]:
         except subprocess.TimeoutExpired:
             code = None
         log = proc.log_tail(200_000)
+        # the start marker comes before any candidate output: read from the log's head, so that a
+        # candidate printing more than the tail holds cannot pass its own failure off as the judge's
+        head = _log_head(proc.log_path, 65_536)
+        if START_MARK in head and START_MARK not in log:
+            log = f"{START_MARK}\n...\n{log}"
     finally:
         proc.cleanup()
     errors, first = parse_report(log)
