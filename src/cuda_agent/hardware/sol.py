@@ -29,7 +29,7 @@ the judge as a check (a runtime below it, beyond `JudgeConfig.floor_margin`, fai
 category). It is narrower than the bound above, because the bound counts the reference's own work
 and an honest kernel may do less:
 - FLOPs are not part of it. An algebraic shortcut is correct and can skip a GEMM outright
-  (KernelBench level 2 "Matmul_Sum_...": sum(x W^T, dim=1) = x (sum of W's rows), a GEMM become a
+  (KernelBench level 2 "Matmul_Sum_...": sum(x W^T, dim=1) = x (sum of W's rows), a GEMM becomes a
   GEMV; softmax over a dimension of size 1 is a constant), so the reference's FLOP count at any peak
   is no floor. The FLOP side stays in `sol_ms` and its share, for information.
 - Bytes: only inputs and parameters the output depends on (`required_bytes`: elements whose
@@ -45,6 +45,9 @@ and an honest kernel may do less:
   outputs there, dirty, when it ends. So reads count only beyond the L2's size, and writes too:
   floor bytes = max(0, required inputs - L2) + max(0, outputs - L2), at the datasheet's DRAM peak
   (above anything measured: 3.0 of 3.35 TB/s on the H100 SXM, 4.3 of 4.8 on the H200).
+- Parameters are the same in every call: a candidate that derives something smaller from them once
+  (the summed rows above) and reuses it reads less than the floor counts in later calls. That is work
+  moved out of the timed calls (THREAT_MODEL.md, category 6), which the floor then refuses.
 Not covered: Hopper's compressible memory (an allocation made with the driver's compression flag
 moves fewer bytes for compressible data, zeros say) and an output within tolerance that skips an
 input whose contribution is below it; `JudgeConfig.floor_margin` is the room left for these.
