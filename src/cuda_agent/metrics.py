@@ -63,6 +63,7 @@ class Outcome(BaseModel):
     judge_error: bool = False           # the judge could not judge the pair (no verdict)
     sol_share: float | None = None      # sol_ms / runtime_ms of a correct candidate, where there is a bound
     eager_sol_share: float | None = None
+    floor_share: float | None = None    # floor_ms / runtime_ms (hardware/sol.py's physical floor), any verdict
 
     @classmethod
     def of(cls, verdict, level: int | None, task: str | None = None) -> "Outcome":
@@ -70,7 +71,8 @@ class Outcome(BaseModel):
         return cls(level=level, correct=bool(verdict.correct), speedup_vs_eager=verdict.speedup_vs_eager,
                    speedup_vs_compile=verdict.speedup_vs_compile,
                    has_compile_baseline=verdict.compile_ms is not None, task=task,
-                   sol_share=getattr(verdict, "sol_share", None), eager_sol_share=getattr(verdict, "eager_sol_share", None))
+                   sol_share=getattr(verdict, "sol_share", None), eager_sol_share=getattr(verdict, "eager_sol_share", None),
+                   floor_share=getattr(verdict, "floor_share", None))
 
     @classmethod
     def missing(cls, level: int | None, task: str | None = None) -> "Outcome":
@@ -103,6 +105,9 @@ class Metrics(BaseModel):
     n_sol: int = 0
     geomean_sol_share: float | None = None
     geomean_eager_sol_share: float | None = None
+    # the closest any pair came to the physical floor (largest floor_ms / runtime_ms; over the judge's
+    # floor_margin the verdict failed): how much room honest kernels leave the check
+    max_floor_share: float | None = None
 
 
 class MetricsTable(BaseModel):
@@ -159,6 +164,7 @@ def metrics(outcomes: Sequence[Outcome], label: str = "overall") -> Metrics:
                 for p in FAST_P},
         n_sol=len(with_sol), geomean_sol_share=geomean(o.sol_share for o in with_sol),
         geomean_eager_sol_share=geomean(o.eager_sol_share for o in with_sol),
+        max_floor_share=max((o.floor_share for o in outcomes if o.floor_share is not None), default=None),
     )
 
 

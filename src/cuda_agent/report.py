@@ -176,6 +176,9 @@ def summary_lines(table, judge_failures: dict[str, int] | None = None) -> list[s
     if m.n_sol:
         lines.append(f"share of speed-of-light (geomean over {m.n_sol} correct pairs with a bound): "
                      f"{fmt_pct(m.geomean_sol_share)} candidate, {fmt_pct(m.geomean_eager_sol_share)} eager")
+    if m.max_floor_share is not None:
+        lines.append(f"closest share of the physical floor (its DRAM bytes at the datasheet peak): "
+                     f"{fmt_pct(m.max_floor_share)}")
     if table.best_of_overall is not None:
         b = table.best_of_overall
         lines.append(f"best candidate per task: pass rate {b.n_correct}/{b.n} ({100 * b.pass_rate:.1f}%), "

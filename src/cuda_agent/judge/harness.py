@@ -39,9 +39,11 @@ import torch
 
 from cuda_agent import host
 from cuda_agent.candidate import Candidate
+from cuda_agent.hardware.sol import floor_breach
 from cuda_agent.tasks import Task
 
 from . import launches as ln
+from . import memcheck as mc
 from . import observer as obs
 from . import policy as pol
 from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, BaselineStore, FileBaselineStore,
@@ -116,6 +118,8 @@ class Judge:
         self.device = config.device
         if self.device == "cuda" and not torch.cuda.is_available():
             raise JudgeError("device 'cuda' requested but CUDA is not available (use --device cpu)")
+        if config.memcheck and self.device == "cuda" and mc.sanitizer_problem():
+            raise JudgeError(mc.sanitizer_problem())
         self.device_name = (torch.cuda.get_device_name(0) if self.device == "cuda"
                             else f"cpu x{os.cpu_count()}")
         if config.timing_cpus:
@@ -371,6 +375,11 @@ class Judge:
                 inside, outside = self._drive(session, ref, setup, again, ev, deadline, first_index=len(roles))
                 rec = self._reconcile(session, inside, outside, null)
             v.phase_s["calls"] = time.monotonic() - t_phase
+            if cfg.memcheck and self.device == "cuda":  # its libraries, before the worker's folder goes
+                stash = mc.Stash(session.proc.spec.workdir,
+                                 self.work_root / "runs" / f"memcheck-{secrets.token_hex(6)}")
+                ev.live.append(stash)  # removed with the evaluation's processes
+                memcheck_from = (stash.libraries, session.proc.uid)
         finally:
             if session is not None:
                 session.close()
@@ -381,6 +390,29 @@ class Judge:
         if rec.gross_lie:
             v.correct = False
             raise _Stop(FC.TIMING, rec.note)
+        # A runtime no correct implementation can reach on this GPU (hardware/sol.py, the physical floor)
+        breach = floor_breach(v.speed_of_light, v.runtime_ms, cfg.floor_margin)
+        if breach:
+            v.correct = False
+            raise _Stop(FC.TIMING, breach)
+        if cfg.memcheck and self.device == "cuda":
+            self._memcheck(task, cand, setup, ev, *memcheck_from)
+        elif cfg.memcheck:
+            v.notes.append("memcheck=true applies to CUDA kernels only: not run on the cpu backend")
+
+    def _memcheck(self, task: Task, cand: Candidate, setup: Setup, ev: Evaluation, libraries: list[Path],
+                  uid: int | None) -> None:
+        """One checked call under compute-sanitizer (judge/memcheck.py); a failure ends the evaluation."""
+        t_phase = time.monotonic()
+        runs, failure = mc.check_candidate(
+            task_source=task.source, model_new=cand.model_new, libraries=libraries,
+            sources=[cand.model_new] + [src for _, src in cand.kernels], init_seed=setup.init_seed,
+            input_seed=secrets.randbits(31), config=self.config, work_root=self.work_root, uid=uid, live=ev.live)
+        ev.verdict.memcheck = runs
+        ev.verdict.phase_s["memcheck"] = time.monotonic() - t_phase
+        if failure is not None:
+            ev.verdict.correct = False
+            raise _Stop(failure.category, failure.message)
 
     def _judge_can_release(self, session: Session) -> bool:
         """Whether a second round of timed calls can have the judge open their gates, where the
@@ -928,7 +960,8 @@ class Judge:
         known = self.baselines.get(bkey)
         if known is not None and mode == "null" and self.device == "cpu" and known.wall_overhead_ms is None:
             known = None  # stored before the wall-clock bound existed: measured again, with it
-        if known is not None and mode == "eager" and known.speed_of_light is None:  # cached before it existed
+        if known is not None and mode == "eager" and (known.speed_of_light is None  # cached before it existed
+                                                      or not known.speed_of_light.has_floor_fields):  # or the floor
             known = known.model_copy(update={"speed_of_light": task_speed_of_light(task, self.device,
                                                                                  self.device_name)})
             self.baselines.put(bkey, known)

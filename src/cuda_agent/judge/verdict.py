@@ -80,6 +80,19 @@ class CallRecord(BaseModel):
     ok: bool = True
 
 
+class SanitizerRun(BaseModel):
+    """One checked call of the candidate under NVIDIA compute-sanitizer (JudgeConfig.memcheck,
+    judge/memcheck.py). `errors`: the count the sanitizer's summary gives (None: no summary seen);
+    the verdict follows its exit status, which the candidate's process cannot set."""
+
+    model_config = ConfigDict(frozen=True)
+    tool: str                        # "memcheck" | "racecheck"
+    exit_code: int | None            # None: killed at its time limit
+    errors: int | None = None
+    first_report: str | None = None  # the sanitizer's first error report, as printed
+    seconds: float = 0.0
+
+
 class Verdict(BaseModel):
     """Everything the judge decided about one candidate on one task."""
 
@@ -123,6 +136,7 @@ class Verdict(BaseModel):
     # (`cuda_agent.hardware.sol`); kept with the task's eager baseline.
     speed_of_light: SpeedOfLight | None = None
     from_cache: bool = False  # answered from the judge's verdict cache (`verdict_cache`): nothing ran
+    memcheck: list[SanitizerRun] = Field(default_factory=list)  # JudgeConfig.memcheck: the sanitizer's runs
 
     @property
     def runtime_ms(self) -> float | None:
@@ -158,6 +172,16 @@ class Verdict(BaseModel):
         return self.speed_of_light.share(self.runtime_ms) if self.correct and self.speed_of_light else None
 
     @property
+    def floor_ms(self) -> float | None:
+        return self.speed_of_light.floor_ms if self.speed_of_light else None
+
+    @property
+    def floor_share(self) -> float | None:
+        """floor_ms / runtime_ms, whatever the verdict (over JudgeConfig.floor_margin fails it): how close the
+        runtime came to the physical floor (hardware/sol.py)."""
+        return self.speed_of_light.floor_share(self.runtime_ms) if self.speed_of_light else None
+
+    @property
     def eager_sol_share(self) -> float | None:
         return self.speed_of_light.share(self.eager_ms) if self.speed_of_light else None
 
@@ -191,6 +215,8 @@ class Verdict(BaseModel):
             "sol_bound": self.speed_of_light.bound if self.speed_of_light else None,
             "sol_gpu": self.speed_of_light.gpu_model if self.speed_of_light else None,
             "sol_note": self.speed_of_light.reason if self.speed_of_light else None,
+            "floor_ms": self.floor_ms,
+            "floor_share": self.floor_share,
             "timing_source": self.runtime.source if self.runtime else None,
             "runtime_spread_ms": [self.runtime.p10_ms, self.runtime.p90_ms] if self.runtime else None,
             "max_abs_err": self.max_abs_err,
@@ -208,4 +234,5 @@ class Verdict(BaseModel):
             "notes": list(self.notes),
             "isolation": list(self.isolation),
             "reduced_isolation": list(self.reduced_isolation),
+            "memcheck": [r.model_dump(mode="json") for r in self.memcheck],
         }
