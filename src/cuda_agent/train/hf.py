@@ -28,7 +28,8 @@ class HFPolicy:
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> Generation:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 session: str | None = None) -> Generation:   # no cache kept across turns: session unused
         with self._lock:
             was_training = self.model.training
             self.model.eval()
