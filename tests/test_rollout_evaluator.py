@@ -176,3 +176,26 @@ def test_ray_evaluator_conforms(cpu_case, judge_config):
             ray.kill(actor)
     finally:
         ray.shutdown()
+
+
+def _sabotaged(honest: Candidate) -> Candidate:
+    """The honest candidate with every output shifted by one: it loads and builds like the honest
+    one, and is wrong (a mismatch, or a policy failure for the PyTorch op)."""
+    wrapper = ("\n\n_honest_forward = ModelNew.forward\n\n\ndef _shifted(self, *args):\n"
+               "    return _honest_forward(self, *args) + 1\n\n\nModelNew.forward = _shifted\n")
+    return Candidate.from_source(honest.model_new + wrapper)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_local_and_pool_evaluators_conform_on_cuda(tmp_path_factory):
+    from cuda_agent.pool import Pool, PoolConfig
+
+    name = "10_RMSNorm"   # a single-file CUDA solution
+    task = next(t for t in suite_tasks("cuda") if t.name == name)
+    honest = Candidate.from_path(suite_solutions("cuda")[name])
+    config = JudgeConfig(device="cuda", compile_mode="none", n_timed=10,
+                         cache_dir=judge_cache_dir(tmp_path_factory, "evaluator-cuda-cache"))
+    check_evaluator(LocalEvaluator(config), task, honest, _sabotaged(honest))
+    with Pool(config, PoolConfig(judge_workers=1, compile_workers=0)) as pool:
+        check_evaluator(MemoEvaluator(PoolEvaluator(pool, config)), task, honest, _sabotaged(honest))
