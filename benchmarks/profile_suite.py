@@ -42,7 +42,8 @@ def workspace_solutions(only: list[str] | None) -> list[str]:
 
 def profile_one(name: str, work: Path, cache: Path) -> dict:
     """Run the profile tool on one bundled workspace solution; the observation's text and figures."""
-    from cuda_agent.agent.tools import JudgeGate, Toolbox
+    from cuda_agent.agent.tools import Toolbox
+    from cuda_agent.rollout.evaluator import LocalEvaluator
     from cuda_agent.agent.workspace import create_workspace
     from cuda_agent.judge import JudgeConfig
     from cuda_agent.suite import suite_solutions, suite_tasks
@@ -50,7 +51,7 @@ def profile_one(name: str, work: Path, cache: Path) -> dict:
     task = next(t for t in suite_tasks("cuda") if t.name == name)
     ws = create_workspace(task, work / name, "cuda")
     shutil.copytree(suite_solutions("cuda")[name], ws, dirs_exist_ok=True)  # model_new.py and kernels/
-    gate = JudgeGate(JudgeConfig(device="cuda", cache_dir=str(cache)))
+    gate = LocalEvaluator(JudgeConfig(device="cuda", cache_dir=str(cache)))
     box = Toolbox(task, ws, gate)
     t0 = time.perf_counter()
     try:

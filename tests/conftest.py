@@ -57,6 +57,10 @@ SLOW_TESTS = {
                          "test_builds_fork_from_their_own_zygote_where_workers_start_fresh",
                          "test_workspace_builds_link_one_shared_binding_object",
                          "test_inline_builds_of_one_flag_set_share_a_precompiled_prelude"},
+    # every Evaluator judges a bundled CPU solution for real: local, memo, pool, the service, a Ray actor
+    "test_rollout_evaluator.py": {"test_local_evaluator_conforms", "test_memo_over_local_conforms",
+                                  "test_pool_evaluator_conforms", "test_remote_evaluator_conforms",
+                                  "test_ray_evaluator_conforms", "test_local_and_pool_evaluators_conform_on_cuda"},
     "test_suite.py": {"test_cpu_solution_passes", "test_cuda_solution_passes", "test_bench_cli_runs_the_cpu_suite"},
     # torch.compile; and two that wait out a hung task's timeout and a worker's task budget
     "test_synth_filters.py": {"test_compile_filter_keeps_a_matching_task_and_rejects_a_mismatch",

@@ -7,7 +7,7 @@ import pytest
 from conftest import judge_cache_dir
 from agent_server import ScriptedModel, last_observation, tool, tools
 
-from cuda_agent.agent import (Agent, AgentConfig, ChatClient, JudgeGate, ModelConfig, Terminal, Termination, Toolbox,
+from cuda_agent.agent import (Agent, AgentConfig, ChatClient, LocalEvaluator, ModelConfig, Terminal, Termination, Toolbox,
                               Trajectory, create_workspace, load_trajectory)
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import JudgeConfig
@@ -38,7 +38,7 @@ def solution_files(device: str, name: str) -> dict[str, str]:
 def run_agent(script, task, device: str, tmp_path, judge_config: JudgeConfig, max_turns: int):
     with ScriptedModel(script) as server:
         client = ChatClient(ModelConfig(base_url=server.url, api_key="test-key", model="scripted-model"))
-        gate = JudgeGate(judge_config)
+        gate = LocalEvaluator(judge_config)
         config = AgentConfig(max_turns=max_turns)
         workspace = create_workspace(task, tmp_path / "ws", device)
         box = Toolbox(task, workspace, gate, config.tools)

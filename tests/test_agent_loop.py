@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from agent_server import ScriptedModel, http_error, last_observation, raw_tool, say, tool, tools
 
-from cuda_agent.agent import (Agent, AgentConfig, ChatClient, JudgeGate, ModelConfig, ReplayClient, Termination,
+from cuda_agent.agent import (Agent, AgentConfig, ChatClient, LocalEvaluator, ModelConfig, ReplayClient, Termination,
                               Toolbox, ToolConfig, Trajectory, create_workspace, load_trajectory)
 from cuda_agent.llm import render_native
 from cuda_agent.agent.trajectory import conversation
@@ -52,7 +52,7 @@ def make_agent(server: ScriptedModel, root: Path, task: Task, **agent) -> Agent:
     config = AgentConfig(**agent)
     workspace = create_workspace(task, root / "ws", "cpu")
     # the judge behind the gate is created on first use; these scripts never call it
-    box = Toolbox(task, workspace, JudgeGate(JudgeConfig(device="cpu")), config.tools)
+    box = Toolbox(task, workspace, LocalEvaluator(JudgeConfig(device="cpu")), config.tools)
     return Agent(client, box, config, Trajectory(root / "trajectory.jsonl"))
 
 
@@ -241,7 +241,7 @@ def test_a_trajectory_replays(task, tmp_path):
 
     config = AgentConfig(max_turns=len(script))
     workspace = create_workspace(task, tmp_path / "b" / "ws", "cpu")
-    box = Toolbox(task, workspace, JudgeGate(JudgeConfig(device="cpu")), config.tools)
+    box = Toolbox(task, workspace, LocalEvaluator(JudgeConfig(device="cpu")), config.tools)
     replayed = Agent(ReplayClient(events), box, config)
     result = replayed.run()
     assert result.termination is Termination.MAX_TURNS

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from agent_server import RELU_TASK, ScriptedModel, http_error, tool
 
-from cuda_agent.agent import (Agent, AgentConfig, ChatClient, JudgeGate, ModelConfig, Outcome, Reset, StepResult,
+from cuda_agent.agent import (Agent, AgentConfig, ChatClient, LocalEvaluator, ModelConfig, Outcome, Reset, StepResult,
                               Termination, Toolbox, Trajectory, Truncation, create_workspace, load_trajectory)
-from cuda_agent.agent.outcome import ErrorInfo, InternalError, Interrupted, JudgeFailure
+from cuda_agent.rollout.outcome import ErrorInfo, InternalError, Interrupted, JudgeFailure
 from cuda_agent.agent.runner import finished, run_tasks, solve_task
 from cuda_agent.agent.tools import tool_specs
 from cuda_agent.judge import JudgeConfig
@@ -38,7 +38,7 @@ def client_for(server: ScriptedModel) -> ChatClient:
 
 def make_agent(client, root: Path, task: Task, judge: JudgeConfig | None = None, stop=None, **agent) -> Agent:
     config = AgentConfig(**agent)
-    box = Toolbox(task, create_workspace(task, root / "ws", "cpu"), JudgeGate(judge or JudgeConfig(device="cpu")),
+    box = Toolbox(task, create_workspace(task, root / "ws", "cpu"), LocalEvaluator(judge or JudgeConfig(device="cpu")),
                   config.tools)
     return Agent(client, box, config, Trajectory(root / "trajectory.jsonl"), stop=stop)
 
@@ -148,7 +148,7 @@ def _result(out: Path) -> dict:
 
 
 def test_reruns_retry_by_kind(task, tmp_path):
-    gate = JudgeGate(JudgeConfig(device="cpu"))
+    gate = LocalEvaluator(JudgeConfig(device="cpu"))
     config = AgentConfig(max_turns=1)
     out = tmp_path / "provider"
     with ScriptedModel([http_error(401, "invalid api key")], default=tool("list_files")) as server:
@@ -173,7 +173,7 @@ def test_reruns_retry_by_kind(task, tmp_path):
 
 
 def test_retries_run_a_task_again_after_a_retryable_error_only(task, tmp_path):
-    gate = JudgeGate(JudgeConfig(device="cpu"))
+    gate = LocalEvaluator(JudgeConfig(device="cpu"))
     config = AgentConfig(max_turns=1)
     with ScriptedModel([http_error(401, "invalid api key")], default=tool("list_files")) as server:
         summary = solve_task(task, tmp_path / "a", client_for(server), gate, config, retries=2)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.agent.tools import JudgeGate, Toolbox, ToolConfig, tool_specs, truncate
+from cuda_agent.agent.tools import Toolbox, ToolConfig, tool_specs, truncate
+from cuda_agent.rollout.evaluator import LocalEvaluator
 from cuda_agent.agent.workspace import READ_ONLY, create_workspace, skill_text, starter_model_new
 from cuda_agent.judge import JudgeConfig
 from cuda_agent.judge import policy as pol
@@ -28,7 +29,7 @@ def task():
 def box(task, tmp_path):
     ws = create_workspace(task, tmp_path / "ws", "cpu")
     # the judge is created on first use; none of these tests reaches it
-    toolbox = Toolbox(task, ws, JudgeGate(JudgeConfig(device="cpu")), ToolConfig(observation_chars=2000))
+    toolbox = Toolbox(task, ws, LocalEvaluator(JudgeConfig(device="cpu")), ToolConfig(observation_chars=2000))
     yield toolbox
     toolbox.close()
 
@@ -181,7 +182,7 @@ def test_skill_examples_pass_the_policy(device):
 
 def test_shell_file_size_is_capped(task, tmp_path):
     ws = create_workspace(task, tmp_path / "ws", "cpu")
-    box = Toolbox(task, ws, JudgeGate(JudgeConfig(device="cpu")), ToolConfig(shell_output_bytes=1 << 20))
+    box = Toolbox(task, ws, LocalEvaluator(JudgeConfig(device="cpu")), ToolConfig(shell_output_bytes=1 << 20))
     try:
         obs = box.call("run_shell", {"command": "head -c 5000000 /dev/zero > big.bin; echo status $?"})
         assert "status 0" not in obs.text

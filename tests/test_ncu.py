@@ -136,14 +136,15 @@ def _fake_ncu(folder: Path, report: Path, stdout: str = "") -> Path:
 
 @pytest.fixture
 def toolbox(tmp_path):
-    from cuda_agent.agent.tools import JudgeGate, Toolbox
+    from cuda_agent.agent.tools import Toolbox
+    from cuda_agent.rollout.evaluator import LocalEvaluator
     from cuda_agent.agent.workspace import create_workspace
     from cuda_agent.judge import JudgeConfig
     from cuda_agent.suite import suite_dir
     from cuda_agent.tasks import load_task_file
 
     task = load_task_file(suite_dir() / "cuda" / "level1" / "3_Softmax_Rows.py")
-    box = Toolbox(task, create_workspace(task, tmp_path / "ws", "cuda"), JudgeGate(JudgeConfig(device="cpu")))
+    box = Toolbox(task, create_workspace(task, tmp_path / "ws", "cuda"), LocalEvaluator(JudgeConfig(device="cpu")))
     yield box
     box.close()
 
@@ -205,7 +206,8 @@ def test_confinement_works_under_the_tool_runners_lower_file_size_limit(tmp_path
 def test_profile_tool_on_a_bundled_solution(name, tmp_path, tmp_path_factory):
     """The profile tool on a bundled workspace solution: the judge's verdict with its share of
     speed-of-light, then Nsight Compute's per-kernel summary (or, without ncu, the fallback that says why)."""
-    from cuda_agent.agent.tools import JudgeGate, Toolbox
+    from cuda_agent.agent.tools import Toolbox
+    from cuda_agent.rollout.evaluator import LocalEvaluator
     from cuda_agent.agent.workspace import create_workspace
     from cuda_agent.judge import JudgeConfig
     from cuda_agent.suite import suite_dir
@@ -215,7 +217,7 @@ def test_profile_tool_on_a_bundled_solution(name, tmp_path, tmp_path_factory):
     task = load_task_file(task)
     ws = create_workspace(task, tmp_path / "ws", "cuda")
     shutil.copytree(suite_dir() / "solutions" / "cuda" / name, ws, dirs_exist_ok=True)  # model_new.py, kernels/
-    gate = JudgeGate(JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=judge_cache_dir(tmp_path_factory, "ncu-cache")))
+    gate = LocalEvaluator(JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=judge_cache_dir(tmp_path_factory, "ncu-cache")))
     box = Toolbox(task, ws, gate)
     try:
         obs = box.call("profile", {"target": "candidate"})

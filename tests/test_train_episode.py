@@ -14,6 +14,7 @@ from agent_server import RELU_TASK  # noqa: E402
 from cuda_agent.agent.tools import Toolbox  # noqa: E402
 from cuda_agent.agent.workspace import create_workspace  # noqa: E402
 from cuda_agent.tasks import Task  # noqa: E402
+from cuda_agent.rollout.prompts import agentic_messages  # noqa: E402
 from cuda_agent.train.episode import (ChatRenderer, EpisodeConfig, EpisodeRecord, run_agentic_episode,  # noqa: E402
                                       run_single_turn_episode)
 from cuda_agent.train.tiny import build_tokenizer  # noqa: E402
@@ -90,9 +91,11 @@ def test_the_token_sequence_is_the_chat_template_of_the_conversation(tmp_path, t
     assert ep.termination == "max_turns"
     # well-formed turns are re-rendered from the messages exactly as they were sampled
     text = renderer.decode(ep.prompt_ids + ep.response_ids)
-    expected = renderer.tok.apply_chat_template(ep.messages, tools=ep.tools, tokenize=False,
-                                                add_generation_prompt=True)
-    assert text == expected
+    # the sequence ends on the last model turn: its tool result is in the messages, not the tokens
+    last = max(i for i, m in enumerate(ep.messages) if m["role"] == "assistant")
+    assert ep.messages[-1]["role"] == "tool" and ep.response_mask[-1] == 1
+    expected = renderer.tok.apply_chat_template(ep.messages[:last + 1], tools=ep.tools, tokenize=False)
+    assert text + renderer.close.removeprefix(renderer.eos_text) == expected
     assert ep.no_call_turns == 1 and ep.turns == 3
 
 
@@ -108,7 +111,7 @@ def test_a_malformed_call_is_an_observation(tmp_path, task, renderer):
 
 def test_the_token_budget_ends_the_episode(tmp_path, task, renderer):
     prompt_len = len(renderer.prompt_ids(
-        __import__("cuda_agent.train.episode", fromlist=["agentic_messages"]).agentic_messages(task, "cpu"),
+        agentic_messages(task, "cpu"),
         Toolbox(task, create_workspace(task, tmp_path / "probe", "cpu"), FakeGate()).reset().tools))
     budget = prompt_len + 60
     ep, policy, _ = episode(tmp_path, task, renderer, [call("list_files")] * 5, context_tokens=budget)
@@ -146,7 +149,7 @@ def test_reward_is_the_judges_for_the_best_candidate_and_hacks_are_flagged(tmp_p
 def test_single_turn_episode_is_judged_on_its_module(renderer, task):
     gate = FakeGate()
     good = "Here it is.\n```python\n# GOOD\nclass ModelNew:\n    pass\n```"
-    ep = run_single_turn_episode(task, gate, "cpu", ScriptedPolicy(renderer, [good]), renderer)
+    ep = run_single_turn_episode(task, gate, ScriptedPolicy(renderer, [good]), renderer)
     assert ep.mode == "single_turn" and ep.reward == 2.0 and all(m == 1 for m in ep.response_mask)
-    ep = run_single_turn_episode(task, gate, "cpu", ScriptedPolicy(renderer, ["no code here"]), renderer)
+    ep = run_single_turn_episode(task, gate, ScriptedPolicy(renderer, ["no code here"]), renderer)
     assert ep.reward == -1.0 and "no ```python block" in ep.reward_reason and gate.judged == 1

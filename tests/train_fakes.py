@@ -24,10 +24,11 @@ def verdict(task, cand, *, correct: bool, category: FailureCategory = FailureCat
 
 
 class FakeGate:
-    """A judge gate: a candidate whose model_new (or single file) contains GOOD is correct (2x faster
+    """A scripted `Evaluator` (rollout/evaluator.py): a candidate whose model_new (or single file) contains GOOD is correct (2x faster
     than eager), one containing HACK is a tampering failure, anything else a mismatch."""
 
     device = "cpu"
+    local = True
 
     def __init__(self):
         self.judged = 0
@@ -43,7 +44,7 @@ class FakeGate:
             return verdict(task, cand, correct=False, category=FailureCategory.TAMPERING)
         return verdict(task, cand, correct=False)
 
-    def build(self, cand):
+    def build(self, cand, task=None):
         raise AssertionError("the tests' scripts do not compile")
 
     def exclusive(self):
@@ -55,16 +56,20 @@ class FakeGate:
 
 class ScriptedPolicy:
     """Replays scripted reply texts as token ids (EOS appended unless the text ends with the
-    marker CUT, which makes the turn end at the token limit). Records every prompt it was given."""
+    marker CUT, which makes the turn end at the token limit). Records every prompt it was given, the
+    session of every call and the sessions ended."""
 
     def __init__(self, renderer, replies: list[str]):
         self.renderer = renderer
         self.replies = list(replies)
         self.prompts: list[list[int]] = []
         self.generations: list[Generation] = []
+        self.sessions: list[str | None] = []
+        self.ended: list[str] = []
 
-    def generate(self, prompt_ids, max_new_tokens, temperature):
+    def generate(self, prompt_ids, max_new_tokens, temperature, session=None):
         self.prompts.append(list(prompt_ids))
+        self.sessions.append(session)
         text = self.replies.pop(0) if self.replies else "nothing more"
         cut = text.endswith("CUT")
         ids = self.renderer.encode(text.removesuffix("CUT"))
@@ -75,3 +80,6 @@ class ScriptedPolicy:
         gen = Generation(token_ids=ids, logprobs=[-0.5 - 0.001 * i for i in range(len(ids))], finish=finish)
         self.generations.append(gen)
         return gen
+
+    def end_session(self, session):
+        self.ended.append(session)

@@ -77,7 +77,7 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
            device, policy, compile_mode, config, set_, judge_url=None):
     """Model client, judge gate and agent settings: flags over -c over the settings file over the
     environment; a mistake in any of them is a usage error (exit 2). With `judge_url` the gate is
-    the service there (`remote.RemoteGate`), whose own judge settings apply: giving judge settings
+    the service there (`rollout.remote.RemoteEvaluator`), whose own judge settings apply: giving judge settings
     here too is a usage error rather than settings silently ignored."""
     from pydantic import ValidationError
 
@@ -85,8 +85,9 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
     from cuda_agent.settings import SettingsError, apply_overrides, explain, load, read_file, split_overrides
 
     from cuda_agent.llm import ChatClient, ModelConfig, ProviderError
+    from cuda_agent.rollout.evaluator import LocalEvaluator
+
     from .loop import AgentConfig
-    from .tools import JudgeGate
 
     routed = split_overrides(set_, ("judge", "agent", "model"), default="judge")
     try:
@@ -126,13 +127,13 @@ def _setup(base_url, model, api_key, tool_mode, temperature, max_tokens, max_tur
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     if not judge_url:
-        return client, JudgeGate(judge_config), agent_config
+        return client, LocalEvaluator(judge_config), agent_config
     from cuda_agent.judge import JudgeError
 
-    from .remote import RemoteGate
+    from cuda_agent.rollout.remote import RemoteEvaluator
 
     try:
-        return client, RemoteGate.connect(judge_url), agent_config
+        return client, RemoteEvaluator.connect(judge_url), agent_config
     except ValueError as exc:
         _fail(str(exc), 2)
     except JudgeError as exc:

@@ -11,7 +11,7 @@ does an error recorded before errors had kinds. `retries` also starts a run agai
 the same call, after a retryable error.
 
 Many tasks run in threads: model calls overlap, judge calls are serialised by the shared
-`JudgeGate` (one device, clean timings).
+`LocalEvaluator` (one device, clean timings), or go to a pool or a service.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from cuda_agent.tasks import Task
 
 from cuda_agent.llm import ModelClient
 
+from cuda_agent.rollout.evaluator import Evaluator
+from cuda_agent.rollout.outcome import InternalError, Outcome
+
 from .loop import RESULT_VERSION, Agent, AgentConfig, AgentProgress
-from .outcome import InternalError, Outcome
-from .tools import JudgeGate, Toolbox
+from .tools import Toolbox
 from .trajectory import Trajectory
 from .workspace import create_workspace
 
@@ -59,7 +61,7 @@ def finished(out: Path, task: Task) -> dict | None:
     return None
 
 
-def solve_task(task: Task, out: Path, client: ModelClient, gate: JudgeGate, config: AgentConfig,
+def solve_task(task: Task, out: Path, client: ModelClient, gate: Evaluator, config: AgentConfig,
                *, resume: bool = True, stop: threading.Event | None = None, retries: int = 0,
                on_progress: Callable[[AgentProgress], None] | None = None) -> dict:
     """Run the agent on `task` in folder `out`; the run's summary (an earlier one when resuming).
@@ -81,7 +83,7 @@ def solve_task(task: Task, out: Path, client: ModelClient, gate: JudgeGate, conf
     return summary
 
 
-def _attempt(task: Task, out: Path, client: ModelClient, gate: JudgeGate, config: AgentConfig,
+def _attempt(task: Task, out: Path, client: ModelClient, gate: Evaluator, config: AgentConfig,
              stop: threading.Event | None, on_progress=None) -> tuple[dict, Outcome]:
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT).unlink(missing_ok=True)
@@ -108,7 +110,7 @@ def _write_result(out: Path, summary: dict) -> None:
     os.replace(tmp, out / RESULT)
 
 
-def run_tasks(tasks: list[Task], out: Path, client: ModelClient, gate: JudgeGate, config: AgentConfig, *,
+def run_tasks(tasks: list[Task], out: Path, client: ModelClient, gate: Evaluator, config: AgentConfig, *,
               concurrency: int = 1, on_done=None, retries: int = 0) -> list[dict]:
     """Every task, `concurrency` at a time; summaries in task order (also written to results.jsonl).
     `on_done(summary)` is called from this thread as each task ends."""

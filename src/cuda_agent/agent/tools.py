@@ -1,6 +1,6 @@
 """The agent's tools over one workspace, and the judge behind them.
 
-`Toolbox` is the agent's environment (the protocol of env.py): `reset()` gives the task and the
+`Toolbox` is the agent's environment (`cuda_agent.rollout.env.Environment`): `reset()` gives the task and the
 tools (OpenAI function schemas, one pydantic model per tool), `step(call)` runs one tool call and
 returns a `StepResult`; `call(name, arguments)` is the same for a name and arguments, returning
 an `Observation`. A bad call (malformed arguments, unknown tool, wrong arguments, a path outside
@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,8 +34,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cuda_agent.candidate import Candidate, CandidateError
-from cuda_agent.judge import FailureCategory, Judge, JudgeConfig, JudgeError, Verdict
-from cuda_agent.judge.buildplan import BuildOutcome
+from cuda_agent.judge import FailureCategory, JudgeError, Verdict
 from cuda_agent.judge.devlock import counters_lock
 from cuda_agent.llm import ToolCall
 from cuda_agent.hardware import ncu
@@ -44,8 +42,10 @@ from cuda_agent.report import fmt_pct, fmt_x
 from cuda_agent.reward import Reward, RewardConfig, reward_of
 from cuda_agent.tasks import Task
 
-from .env import Reset, StepResult
-from .outcome import JudgeFailure
+from cuda_agent.rollout.env import Reset, StepResult
+from cuda_agent.rollout.evaluator import Evaluator
+from cuda_agent.rollout.outcome import JudgeFailure
+
 from .workspace import READ_ONLY
 
 # ---------------------------------------------------------------------------------------------
@@ -98,48 +98,7 @@ def truncate(text: str, limit: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The judge, shared
-
-
-class JudgeGate:
-    """One judge shared by every agent of a process. Its calls are serialised: the judge is not
-    thread-safe, and timings need a device nobody else is using. Created on first use."""
-
-    local = True  # the judge runs in this process (`remote.RemoteGate`: in a service)
-
-    def __init__(self, config: JudgeConfig, judge: Judge | None = None):
-        self.config = config
-        self._judge = judge
-        self._lock = threading.Lock()
-
-    @property
-    def device(self) -> str:
-        return self.config.device
-
-    def _get(self) -> Judge:
-        if self._judge is None:
-            self._judge = Judge(self.config)
-        return self._judge
-
-    def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
-        with self._lock:
-            return self._get().evaluate(task, candidate)
-
-    def build(self, candidate: Candidate, task: Task | None = None) -> BuildOutcome:
-        """The judge's own build step (`Judge.build`): its checks of sources and binary, its cache
-        (`task` is for gates that judge elsewhere; a build here needs none)."""
-        with self._lock:
-            return self._get().build(candidate)
-
-    def exclusive(self):
-        """Hold the judge while something else uses the device (profiling), so timings stay clean."""
-        return self._lock
-
-    def close(self) -> None:
-        with self._lock:
-            if self._judge is not None:
-                self._judge.close()
-                self._judge = None
+# Verdicts as the model reads them
 
 
 def verdict_text(v: Verdict, focus: Literal["verify", "profile", "submit"], reward: Reward) -> str:
@@ -303,13 +262,15 @@ SHELL_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "CUDA_HOME", "CU
 class Toolbox:
     """One workspace, its tools, and the judge behind them."""
 
-    def __init__(self, task: Task, workspace: Path, gate: JudgeGate, config: ToolConfig | None = None,
+    def __init__(self, task: Task, workspace: Path, evaluator: Evaluator, config: ToolConfig | None = None,
                  reward: RewardConfig | None = None):
-        """`reward`: how this environment scores the judge's verdicts (the judge does not)."""
+        """`evaluator`: how the judge is reached (any `rollout.evaluator.Evaluator`). `reward`: how this
+        environment scores the judge's verdicts (the judge does not); every observation shows that
+        reward and every StepResult carries it, the one number the episode is rewarded with."""
         self.task = task
         self.reward = reward or RewardConfig()
         self.root = Path(workspace).resolve()
-        self.gate = gate
+        self.evaluator = evaluator
         self.config = config or ToolConfig()
         self._home = Path(tempfile.mkdtemp(prefix="cuda-agent-shell-"))
         self._verdicts: dict[str, Verdict] = {}   # candidate hash -> verdict, so an unchanged verify is free
@@ -319,7 +280,7 @@ class Toolbox:
 
     # ------------------------------------------------------------------------------ environment
     def reset(self) -> Reset:
-        return Reset(task=self.task, device=self.gate.device, tools=tool_specs())
+        return Reset(task=self.task, device=self.evaluator.device, tools=tool_specs(), reward=self.reward)
 
     def step(self, call: ToolCall) -> StepResult:
         """One tool call of the model. Raises JudgeFailure when the judge cannot work at all."""
@@ -470,7 +431,7 @@ class Toolbox:
 
     # ------------------------------------------------------------------------------ judge
     def _compile(self, a: Compile) -> Observation:
-        outcome = self.gate.build(self.candidate(), self.task)
+        outcome = self.evaluator.build(self.candidate(), self.task)
         failure = outcome.failure
         if failure is None:
             how = "unchanged, from the build cache" if outcome.cached else f"built in {outcome.seconds:.1f} s"
@@ -488,7 +449,7 @@ class Toolbox:
     def _judge(self, cand: Candidate, *, fresh: bool) -> Verdict:
         if not fresh and cand.hash in self._verdicts:
             return self._verdicts[cand.hash]
-        verdict = self.gate.evaluate(self.task, cand)
+        verdict = self.evaluator.evaluate(self.task, cand)
         self._verdicts[cand.hash] = verdict
         return verdict
 
@@ -507,8 +468,8 @@ class Toolbox:
         v = self._judge(cand, fresh=True)
         r = reward_of(v, self.reward)
         text = "profile (judge's timing): " + verdict_text(v, "profile", r)
-        if v.correct and self.gate.device == "cuda" and self.gate.local:
-            report = self.gate.build(cand, self.task)
+        if v.correct and self.evaluator.device == "cuda" and self.evaluator.local:
+            report = self.evaluator.build(cand, self.task)
             if report.library is not None:
                 cand_args = ["--candidate", str(self.root / "model_new.py"), "--library", str(report.library),
                              "--confine"]
@@ -519,7 +480,7 @@ class Toolbox:
                     detail = self._profile_run(cand_args)
                     text += (f"\n\nper-kernel profile (torch.profiler, warm cache, no counters; Nsight Compute "
                              f"unavailable: {why}):\n" + detail.text)
-        elif v.correct and self.gate.device == "cuda":
+        elif v.correct and self.evaluator.device == "cuda":
             text += ("\n\nno per-kernel profile: the judge is a service on another machine and your library "
                      "was built there")
         return Observation(text, ok=v.correct, verdict=v, candidate=cand, reward=r)
@@ -539,7 +500,7 @@ class Toolbox:
                 ",".join(ncu.NCU_METRICS), "--log-file", str(log), sys.executable, "-m",
                 "cuda_agent.agent.profile_run", "--reference", str(reference), "--device", "cuda", "--ncu",
                 *cand_args]
-        with self.gate.exclusive(), counters_lock().hold(exclusive=True):
+        with self.evaluator.exclusive(), counters_lock().hold(exclusive=True):
             code, out, err = self.run_process(argv, self.config.profile_timeout_s)
         report = log.read_text(errors="replace") if log.exists() else ""
         problem = ncu.ncu_problem(report + "\n" + out + "\n" + err)
@@ -553,15 +514,15 @@ class Toolbox:
         return ncu.render(ncu.summarize(ncu.parse_ncu(report)), peak_dram_gbs=peaks), ""
 
     def _profile_run(self, extra: list[str]) -> Observation:
-        if not self.gate.local and self.gate.device == "cuda" and not _local_cuda():
+        if not self.evaluator.local and self.evaluator.device == "cuda" and not _local_cuda():
             return Observation("profiling the reference runs on this machine, which has no GPU (the judge is a "
                                "service elsewhere): verify() and profile() give the judge's own times of your "
                                "candidate, eager PyTorch and torch.compile", ok=False)
         reference = self._home / "reference_model.py"
         reference.write_text(self.task.source)  # the task's copy: the workspace's model.py is not trusted
         argv = [sys.executable, "-m", "cuda_agent.agent.profile_run", "--reference", str(reference),
-                "--device", self.gate.device, *extra]
-        with self.gate.exclusive():
+                "--device", self.evaluator.device, *extra]
+        with self.evaluator.exclusive():
             code, out, err = self.run_process(argv, self.config.profile_timeout_s)
         if code != 0:
             why = "timed out" if code is None else f"failed (exit code {code})"

@@ -101,17 +101,17 @@ def _rollout(mode: str, config, set_, out_dir: Path, **flags) -> None:
     _need_transformers()
     from cuda_agent.judge import JudgeError
     from cuda_agent.pool import Pool, PoolConfig, PoolError
+    from cuda_agent.rollout.evaluator import MemoEvaluator, PoolEvaluator
     from cuda_agent.tasks import TaskError
 
-    from .rollout import MemoGate, PoolGate
     from .stages import StageError, rollout_stage
 
     cfg, judge_cfg = _settings(config, set_, **flags)
     try:
         with Pool(judge_cfg, PoolConfig(judge_workers=cfg.judge_workers)) as pool:
-            gate = PoolGate(pool, judge_cfg)
+            gate = PoolEvaluator(pool, judge_cfg)
             if cfg.judge_memo:
-                gate = MemoGate(gate)
+                gate = MemoEvaluator(gate)
             try:
                 with _Bar() as bar:
                     metrics = rollout_stage(cfg, out_dir, gate, mode=mode, progress=bar)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from .episode import Generation
+from cuda_agent.rollout.tokens import Generation
 from .generate import HFPolicy, _forward_cache_kwarg
 from .hf import restrict
 from .shapes import SHAPES, build_model

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .episode import Generation
+from cuda_agent.rollout.tokens import Generation
 from .fastdecode import FastDecoder
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]   # per layer: keys, values [batch, kv_heads, tokens, head_dim]

@@ -1,10 +1,12 @@
 """Rollouts of a training step: tasks, the judge behind the tools, models, episodes in flight, and
 what a step writes (episodes JSONL, a metrics line).
 
-The judge: `PoolGate` puts the tools' judge calls on a `cuda_agent.pool.Pool` (its futures are
-awaited by the episode's thread, so many episodes wait on the judge at once while the pool keeps
-its GPUs busy); builds for the `compile` tool use a judge of this process, as in `solve`.
-`MemoGate` judges an identical (task, candidate) once per run.
+The judge is any `cuda_agent.rollout.evaluator.Evaluator`: for training a `PoolEvaluator` (the
+tools' judge calls go to a `cuda_agent.pool.Pool` whose futures are awaited by the episode's
+thread, so many episodes wait on the judge at once while the pool keeps its GPUs busy; builds for
+the `compile` tool use a judge of this process, as in `solve`), often wrapped in a `MemoEvaluator`
+(an identical (task, candidate) judged once per run). Each agentic episode's Toolbox scores with
+the run's `cfg.reward`, so the reward the model reads is the reward it is trained on.
 """
 
 from __future__ import annotations
@@ -15,56 +17,20 @@ import os
 import random
 import shutil
 import statistics
-import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from cuda_agent.agent.tools import JudgeGate, Toolbox
+from cuda_agent.agent.tools import Toolbox
 from cuda_agent.agent.workspace import create_workspace
-from cuda_agent.candidate import Candidate
-from cuda_agent.judge import JudgeConfig, Verdict
+from cuda_agent.judge import JudgeError
+from cuda_agent.rollout.evaluator import Evaluator
+from cuda_agent.rollout.outcome import JudgeFailure
 from cuda_agent.tasks import Task, load_tasks
 
 from .config import TrainConfig
 from .episode import ChatRenderer, EpisodeRecord, TokenPolicy, run_agentic_episode, run_single_turn_episode
-
-
-class PoolGate(JudgeGate):
-    """A JudgeGate whose verdicts come from a pool: `evaluate` blocks on `pool.submit(...)`'s
-    future, without the gate's lock, so every episode thread can wait on the pool at once."""
-
-    def __init__(self, pool, config: JudgeConfig):
-        super().__init__(config)
-        self.pool = pool
-
-    def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
-        return self.pool.submit(task, candidate).result()
-
-
-class MemoGate:
-    """Wraps a gate; an identical (task id, candidate hash) is judged once."""
-
-    def __init__(self, gate):
-        self.gate = gate
-        self._memo: dict[tuple[str, str], Verdict] = {}
-        self._lock = threading.Lock()
-        self.hits = 0
-
-    def __getattr__(self, name):
-        return getattr(self.gate, name)
-
-    def evaluate(self, task: Task, candidate: Candidate) -> Verdict:
-        key = (task.id, candidate.hash)
-        with self._lock:
-            if key in self._memo:
-                self.hits += 1
-                return self._memo[key]
-        verdict = self.gate.evaluate(task, candidate)
-        with self._lock:
-            self._memo[key] = verdict
-        return verdict
 
 
 def select_tasks(cfg: TrainConfig) -> list[Task]:
@@ -80,7 +46,7 @@ def step_tasks(tasks: list[Task], step: int, n: int) -> list[Task]:
     return [tasks[(step * n + i) % len(tasks)] for i in range(n)]
 
 
-def run_episodes(tasks: list[Task], *, mode: str, gate, policy: TokenPolicy, renderer: ChatRenderer,
+def run_episodes(tasks: list[Task], *, mode: str, gate: Evaluator, policy: TokenPolicy, renderer: ChatRenderer,
                  cfg: TrainConfig, step: int, workdir: Path, on_done: Callable[[EpisodeRecord], None] | None = None
                  ) -> tuple[list[EpisodeRecord], list[str]]:
     """Run one episode per task, `cfg.concurrency` at a time. Returns the episodes (in task order)
@@ -91,27 +57,21 @@ def run_episodes(tasks: list[Task], *, mode: str, gate, policy: TokenPolicy, ren
         eid = f"s{step:06d}-e{i:04d}"
         try:
             if mode == "single_turn":
-                return run_single_turn_episode(task, gate, gate.device, policy, renderer, cfg.episode, cfg.reward,
+                return run_single_turn_episode(task, gate, policy, renderer, cfg.episode, cfg.reward,
                                                step=step, episode_id=eid)
             ws = workdir / eid
             shutil.rmtree(ws, ignore_errors=True)
             create_workspace(task, ws, gate.device)
-            box = Toolbox(task, ws, gate)
+            box = Toolbox(task, ws, gate, reward=cfg.reward)   # the run's reward, shown and trained on
             try:
-                return run_agentic_episode(task, box, policy, renderer, cfg.episode, cfg.reward, step=step,
-                                           episode_id=eid)
+                return run_agentic_episode(task, box, policy, renderer, cfg.episode, step=step, episode_id=eid)
             finally:
                 box.close()
                 if not cfg.episode.keep_workspace:
                     remove_workspace(ws)
-        except Exception as exc:   # the judge could not work: the episode measures nothing
-            from cuda_agent.agent.outcome import JudgeFailure
-            from cuda_agent.judge import JudgeError
-
-            if isinstance(exc, (JudgeFailure, JudgeError)):
-                failures.append(f"{task.name}: {exc}")
-                return None
-            raise
+        except (JudgeFailure, JudgeError) as exc:   # the judge could not work: the episode measures nothing
+            failures.append(f"{task.name}: {exc}")
+            return None
 
     with ThreadPoolExecutor(max_workers=cfg.concurrency) as ex:
         futures = [ex.submit(one, i, t) for i, t in enumerate(tasks)]

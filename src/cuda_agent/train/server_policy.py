@@ -30,7 +30,7 @@ from typing import Literal
 
 import httpx
 
-from .episode import Generation
+from cuda_agent.rollout.tokens import Generation
 
 Api = Literal["openai", "sglang"]
 

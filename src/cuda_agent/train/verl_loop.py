@@ -2,14 +2,18 @@
 
 verl's rollout workers instantiate one `CudaAgentLoop` per sample (a data row whose `agent_name`
 is `cuda_agent`) and await `run(sampling_params, **row)`. The loop runs this project's episode
-(`episode.run_agentic_episode`, or the single-turn warm-up episode when the row says so) in a
-worker thread, with a token policy that forwards each turn to verl's server manager
-(`server_manager.generate(request_id, prompt_ids=..., sampling_params=...)`, token-in/token-out,
-one sticky request id per episode so the engine keeps its prefix cache) on the event loop. The
-tools run in a fresh workspace; the judge behind them is the node's judge pool (`JudgeService`, a
-Ray actor per node, shared by every rollout of that node). The output carries the episode's
-tokens, `response_mask` (0 on observation tokens), the engine's logprobs and `reward_score`: the
-judge's milestone reward, so verl's reward stage is skipped.
+(the episode engine with the token front, `episode.run_agentic_episode`, or the single-turn
+warm-up episode when the row says so) in a worker thread, with a token policy that forwards each
+turn to verl's server manager (`server_manager.generate(request_id, prompt_ids=...,
+sampling_params=...)`, token-in/token-out, the episode's id as one sticky request id so the
+engine keeps its prefix cache) on the event loop. The tools run in a fresh workspace, scoring with
+the run's `reward` settings; the judge behind them is the node's judge pool
+(`cuda_agent.rollout.ray_judge`: a `JudgeActor` per node, shared by every rollout of that node,
+reached through `RayEvaluator`). The episode is bounded by verl's `response_length`
+(`EpisodeConfig.response_tokens`), so nothing is cut afterwards and it ends on a model token,
+where verl puts `reward_score`: the judge's milestone reward (verl's reward stage is skipped). The
+output carries the episode's tokens, `response_mask` (0 on observation tokens) and the engine's
+logprobs.
 
 Settings come from a `cuda_agent` table in verl's config (`+cuda_agent.episode.max_turns=150`,
 `+cuda_agent.judge.device=cuda`, ...; see `verl_config.py`): `episode` (EpisodeConfig), `judge`
@@ -30,10 +34,11 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from cuda_agent.agent.tools import JudgeGate, Toolbox
+from cuda_agent.agent.tools import Toolbox
 from cuda_agent.agent.workspace import create_workspace
 from cuda_agent.judge import JudgeConfig
 from cuda_agent.reward import RewardConfig
+from cuda_agent.rollout.ray_judge import RayEvaluator, judge_actor
 from cuda_agent.tasks import Task
 
 from .episode import ChatRenderer, EpisodeConfig, Generation, run_agentic_episode, run_single_turn_episode
@@ -54,7 +59,8 @@ def _plain(node) -> dict:
 class ServerPolicy:
     """A `TokenPolicy` over verl's async server manager, called from the episode's thread: each turn
     is scheduled on the agent loop's event loop and awaited there. The temperature and the other
-    sampling settings are verl's (`sampling_params`); `max_tokens` is the turn's budget."""
+    sampling settings are verl's (`sampling_params`); `max_tokens` is the turn's budget. The
+    episode's `session` is the request id verl routes by (sticky: one engine, its prefix cache)."""
 
     def __init__(self, server_manager, sampling_params: dict[str, Any], loop: asyncio.AbstractEventLoop,
                  eos_id: int, request_id: str):
@@ -62,10 +68,12 @@ class ServerPolicy:
         self.eos_id, self.request_id = eos_id, request_id
         self.logprobs_missing = False
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> Generation:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 session: str | None = None) -> Generation:
         params = {**self.sampling_params, "max_tokens": max_new_tokens}
         future = asyncio.run_coroutine_threadsafe(
-            self.server_manager.generate(self.request_id, prompt_ids=list(prompt_ids), sampling_params=params), self.loop)
+            self.server_manager.generate(session or self.request_id, prompt_ids=list(prompt_ids),
+                                         sampling_params=params), self.loop)
         out = future.result()
         ids = list(out.token_ids)[:max_new_tokens]
         logprobs = list(out.log_probs)[: len(ids)] if getattr(out, "log_probs", None) else None
@@ -76,71 +84,19 @@ class ServerPolicy:
         return Generation(token_ids=ids, logprobs=logprobs, finish=finish)
 
 
-class JudgeService:
-    """The judge pool of one node, as a Ray actor (`ray.remote(JudgeService)`, see `judge_actor`):
-    every rollout worker of the node sends its candidates here, and the pool keeps the node's GPUs
-    and compile workers busy. Tasks, candidates and verdicts cross as JSON."""
-
-    def __init__(self, judge: dict, pool: dict | None = None):
-        from cuda_agent.pool import Pool, PoolConfig
-
-        self.pool = Pool(JudgeConfig(**judge), PoolConfig(**(pool or {})))
-
-    def evaluate(self, task_json: str, candidate_json: str) -> str:
-        from cuda_agent.candidate import Candidate
-
-        verdict = self.pool.submit(Task.model_validate_json(task_json),
-                                   Candidate.model_validate_json(candidate_json)).result()
-        return verdict.model_dump_json()
-
-    def stats(self) -> dict:
-        return self.pool.stats().model_dump()
-
-
-def judge_actor(judge: dict, pool: dict | None = None, *, max_concurrency: int = 256):
-    """This node's JudgeService actor, created on first use and pinned to the node; named per node,
-    so every rollout worker there finds the same one."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    node = ray.get_runtime_context().get_node_id()
-    actor = ray.remote(JudgeService).options(
-        name=f"cuda_agent_judge_{node}", get_if_exists=True, lifetime="detached", num_cpus=0,
-        max_concurrency=max_concurrency,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False))
-    return actor.remote(judge, pool)
-
-
-class RayJudgeGate(JudgeGate):
-    """A JudgeGate whose verdicts come from the node's JudgeService; builds for the `compile` tool
-    use a judge in this process (compiling needs no device)."""
-
-    def __init__(self, actor, config: JudgeConfig):
-        super().__init__(config)
-        self.actor = actor
-
-    def evaluate(self, task, candidate):
-        import ray
-
-        from cuda_agent.judge import Verdict
-
-        return Verdict.model_validate_json(ray.get(self.actor.evaluate.remote(task.model_dump_json(),
-                                                                             candidate.model_dump_json())))
-
-
 @register("cuda_agent")
 class CudaAgentLoop(AgentLoopBase):
     """One CUDA Agent episode per data row (verl instantiates the class per sample)."""
 
-    # tests (and custom deployments) may set a factory (JudgeConfig -> gate); default: the node's
-    # JudgeService through Ray
+    # tests (and custom deployments) may set a factory (JudgeConfig -> Evaluator); default: the
+    # node's JudgeActor through Ray
     gate_factory = None
     _gates: dict[str, Any] = {}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         settings = _plain(self.config.get("cuda_agent") if hasattr(self.config, "get") else None)
-        self.episode_config = EpisodeConfig(**settings.get("episode", {}))
+        episode = EpisodeConfig(**settings.get("episode", {}))
         self.judge_config = JudgeConfig(**settings.get("judge", {}))
         self.reward_config = RewardConfig(**settings.get("reward", {}))
         self.pool_settings = settings.get("pool", {})
@@ -149,6 +105,10 @@ class CudaAgentLoop(AgentLoopBase):
         self.episodes_dir = Path(settings["episodes_dir"]) if settings.get("episodes_dir") else None
         rollout = self.config.actor_rollout_ref.rollout
         self.response_length = int(rollout.response_length)
+        # the episode itself stays within verl's response_length: nothing is cut afterwards, so it
+        # ends on a model token, where verl places the reward
+        bound = min(self.response_length, episode.response_tokens or self.response_length)
+        self.episode_config = episode.model_copy(update={"response_tokens": bound})
 
     def _gate(self):
         key = self.judge_config.model_dump_json()
@@ -157,7 +117,7 @@ class CudaAgentLoop(AgentLoopBase):
             if CudaAgentLoop.gate_factory is not None:
                 gate = CudaAgentLoop.gate_factory(self.judge_config)
             else:
-                gate = RayJudgeGate(judge_actor(self.judge_config.model_dump(mode="json"), self.pool_settings),
+                gate = RayEvaluator(judge_actor(self.judge_config.model_dump(mode="json"), self.pool_settings),
                                     self.judge_config)
             CudaAgentLoop._gates[key] = gate
         return gate
@@ -167,20 +127,22 @@ class CudaAgentLoop(AgentLoopBase):
         task = Task.model_validate_json(extra["task"])
         mode = extra.get("mode", "agentic")
         loop = asyncio.get_running_loop()
-        policy = ServerPolicy(self.server_manager, sampling_params, loop, self.tokenizer.eos_token_id,
-                              uuid.uuid4().hex)
+        episode_id = uuid.uuid4().hex
+        policy = ServerPolicy(self.server_manager, sampling_params, loop, self.tokenizer.eos_token_id, episode_id)
         renderer = ChatRenderer(self.tokenizer)
         gate = self._gate()
-        episode = await loop.run_in_executor(None, self._episode, task, mode, gate, policy, renderer)
+        episode = await loop.run_in_executor(None, self._episode, task, mode, gate, policy, renderer, episode_id)
         if self.episodes_dir is not None:
             self.episodes_dir.mkdir(parents=True, exist_ok=True)
             with (self.episodes_dir / f"{socket.gethostname()}-{os.getpid()}.jsonl").open("a") as fh:
                 fh.write(episode.model_dump_json() + "\n")
-        n = self.response_length
+        if len(episode.response_ids) > self.response_length:   # the episode's own bound makes this a bug
+            raise RuntimeError(f"episode {episode.id}: {len(episode.response_ids)} response tokens, "
+                               f"over response_length {self.response_length}")
         return AgentLoopOutput(
-            prompt_ids=episode.prompt_ids, response_ids=episode.response_ids[:n],
-            response_mask=episode.response_mask[:n],
-            response_logprobs=None if policy.logprobs_missing else episode.response_logprobs[:n],
+            prompt_ids=episode.prompt_ids, response_ids=episode.response_ids,
+            response_mask=episode.response_mask,
+            response_logprobs=None if policy.logprobs_missing else episode.response_logprobs,
             reward_score=episode.reward, num_turns=len(episode.messages),
             metrics=AgentLoopMetrics(generate_sequences=episode.generate_s, tool_calls=episode.tool_s + episode.judge_s),
             extra_fields={"reward_extra_info": {"reward_reason": episode.reward_reason,
@@ -188,15 +150,15 @@ class CudaAgentLoop(AgentLoopBase):
                                                 "correct": episode.correct, "judge_s": episode.judge_s,
                                                 "hacking": episode.hacking}})
 
-    def _episode(self, task: Task, mode: str, gate, policy: ServerPolicy, renderer: ChatRenderer):
+    def _episode(self, task: Task, mode: str, gate, policy: ServerPolicy, renderer: ChatRenderer, episode_id: str):
         if mode == "single_turn":
-            return run_single_turn_episode(task, gate, gate.device, policy, renderer, self.episode_config,
-                                           self.reward_config)
-        ws = self.workdir / uuid.uuid4().hex
+            return run_single_turn_episode(task, gate, policy, renderer, self.episode_config, self.reward_config,
+                                           episode_id=episode_id)
+        ws = self.workdir / episode_id
         create_workspace(task, ws, gate.device)
-        box = Toolbox(task, ws, gate)
+        box = Toolbox(task, ws, gate, reward=self.reward_config)   # the reward shown is the reward trained on
         try:
-            return run_agentic_episode(task, box, policy, renderer, self.episode_config, self.reward_config)
+            return run_agentic_episode(task, box, policy, renderer, self.episode_config, episode_id=episode_id)
         finally:
             box.close()
             from .rollout import remove_workspace

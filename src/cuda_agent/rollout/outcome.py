@@ -14,8 +14,8 @@ A run ends in exactly one of three ways (Gymnasium's split, plus errors kept apa
       Interrupted    the run was stopped from outside         retryable: it did not finish
       InternalError  a bug of the agent's own code            not retryable: it fails the same way
 
-A bad rollout is data, not a crash: `Agent.run` turns each of these into an `Outcome`, and the
-runner decides from `retryable` alone whether a rerun starts the task again.
+A bad rollout is data, not a crash: the engine (`engine.Engine.run`) turns each of these into an
+`Outcome`, and the runner decides from `retryable` alone whether a rerun starts the task again.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class Outcome(BaseModel):
 
 
 class EndRun(Exception):
-    """Raised inside the loop to end a run as terminated or truncated."""
+    """Raised inside the engine (or a model front) to end a run as terminated or truncated."""
 
     def __init__(self, outcome: Outcome):
         super().__init__(outcome.message)

@@ -1,6 +1,6 @@
 """The agent's judge in another place: a running `cuda-agent serve` (`solve`/`run --judge-url`).
 
-`RemoteGate` stands where `JudgeGate` stands for the tools. Every judgement (verify, profile,
+`RemoteEvaluator` is an `evaluator.Evaluator` like the local judge. Every judgement (verify, profile,
 submit) is a submission to the service, so its judge settings, its GPUs and its results database
 apply, and an unchanged candidate is one submission (the service is idempotent by content): a
 `verify` after a `compile` of the same bytes waits for nothing. This machine builds and runs no
@@ -14,7 +14,8 @@ candidate code and needs no GPU. What changes for the tools:
 
 A service that cannot be reached, refuses the token or breaks is the judge being unable to work
 (`JudgeError`: the run ends with a judge error a rerun retries); a pair the service's judge could
-not judge is the same, as with the local judge.
+not judge is the same, as with the local judge. `close` shuts the client down; a second close is
+harmless.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _BUILD_CATEGORIES = (FailureCategory.LOAD, FailureCategory.POLICY, FailureCatego
                      FailureCategory.COMPILE_TIMEOUT)
 
 
-class RemoteGate:
+class RemoteEvaluator:
     """The judge of a `cuda-agent serve` behind the agent's tools (see the module docstring)."""
 
     local = False
@@ -50,7 +51,7 @@ class RemoteGate:
             self.config = None
 
     @classmethod
-    def connect(cls, url: str, *, run: str = "agent") -> "RemoteGate":
+    def connect(cls, url: str, *, run: str = "agent") -> "RemoteEvaluator":
         """A gate on the service at `url`, its token from $CUDA_AGENT_SERVE_TOKEN. Raises ValueError
         without a token, JudgeError when the service cannot be asked."""
         from cuda_agent.serve.client import JudgeClient
