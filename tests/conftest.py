@@ -33,6 +33,7 @@ SLOW_MODULES = frozenset({
     "test_train_stages.py",       # training stages with a tiny model: updates, checkpoints, a killed run resumed
     "test_pool_ray.py",           # starts a local Ray instance and a Ray actor per worker (~90 s)
     "test_serve_e2e.py",          # the service judges C++ candidates, is killed and restarted
+    "test_train_bench.py",        # ten-turn agentic episodes of a model through the real tools (~1 min on CPU)
 })
 
 # Single slow tests in modules that are otherwise fast (module file name -> test function names).
