@@ -83,6 +83,11 @@ def load_critic(path: Path, device: str, *, dtype: torch.dtype = torch.float32, 
     new_head = not any("TokenClassification" in a for a in (conf.architectures or []))
     critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=dtype).to(device)
     _checkpointing(critic, checkpointing)
+    # the token-classification head's dropout (0.1 by default) would make the values of the update
+    # differ from the old values computed in eval mode, and the value clip act on noise
+    for m in critic.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
     if new_head:
         head = getattr(critic, "score", None) or getattr(critic, "classifier", None)
         if head is not None:
