@@ -23,6 +23,16 @@ from cuda_agent.train.models import ModelError, Sources, apply_lora, build_learn
 from cuda_agent.train.optim import AdamW32, stochastic_round_bf16  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are microseconds: with several threads on a shared machine they wait on
+    each other (20x slower here), so this module runs on one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     from cuda_agent.train.tiny import build_tiny
