@@ -4,7 +4,7 @@ the numbers rather than after loading 15 GB and sampling a batch.
 
 What is counted (bytes): weights (every parameter at the training dtype; a frozen reference copy
 in bf16 when one is loaded), gradients (trainable parameters, same dtype), optimiser (AdamW32's two
-fp32 moments per trainable parameter), activations of one micro-batch:
+fp32 moments per trainable parameter, and its fp32 temporaries of one slice), activations of one micro-batch:
     with gradient checkpointing: each layer keeps its input (h values per token), plus one layer's
         full set while it is recomputed in backward;
     without: every layer's full set: ~(8h + 2 kv + 4 I) values per token for a Llama/Qwen block
@@ -69,7 +69,8 @@ def estimate(config, *, dtype_bytes: int, micro_batch: int, seq_len: int, checkp
     models = 2 if separate_critic else 1
     weights = models * (total + lora_params) * dtype_bytes + (total * 2 if ref_copy else 0)
     grads = models * trainable * dtype_bytes
-    optimizer = models * trainable * 8
+    # + AdamW32's fp32 temporaries of one slice of a bf16 parameter (5 tensors of 2^24 values)
+    optimizer = models * trainable * 8 + (5 * 4 << 24 if dtype_bytes == 2 else 0)
     tokens = micro_batch * seq_len
     full_layer = (8 * h + 2 * kv + 4 * inter) * dtype_bytes * tokens
     if checkpointing:

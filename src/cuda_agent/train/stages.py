@@ -12,6 +12,11 @@ Each writes into its own folder OUT: `episodes/step-N.jsonl` (rollout stages), `
 (one line per step), `ckpt/` (atomic checkpoints, `LATEST`) and `final/` (the last actor and
 critic, what the next stage loads). Rerunning a stage on the same OUT resumes after its last
 checkpoint; metrics of steps after it are dropped and those steps run again.
+
+Models are loaded by `models.py` as the settings say (precision, gradient checkpointing, LoRA,
+critic_mode, a KL reference when ppo.kl_coef > 0, no critic for ppo.estimator grpo/rloo); on CUDA a
+pre-flight estimate refuses a run that cannot fit before anything is loaded, and a task prompt
+longer than episode.context_tokens stops the stage before its first episode.
 """
 
 from __future__ import annotations
@@ -167,8 +172,8 @@ def rollout_stage(cfg: TrainConfig, out: Path, gate, *, mode: str, progress: Pro
             progress(f"{stage} step {step + 1}/{cfg.steps}", done[0], cfg.episodes_per_step, None)
 
         t0 = time.monotonic()
-        eps, failures = run_episodes(step_tasks(tasks, step, cfg.episodes_per_step, cfg.ppo.group_size), mode=mode, gate=gate,
-                                     policy=policy, renderer=renderer, cfg=cfg, step=step,
+        batch = step_tasks(tasks, step, cfg.episodes_per_step, cfg.ppo.group_size)
+        eps, failures = run_episodes(batch, mode=mode, gate=gate, policy=policy, renderer=renderer, cfg=cfg, step=step,
                                      workdir=out / "workspaces", on_done=tick)
         rollout_s = time.monotonic() - t0
         write_episodes(eps, out / "episodes" / f"step-{step:06d}.jsonl")
