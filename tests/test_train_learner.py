@@ -319,3 +319,40 @@ def test_gpu_one_update_of_qwen_1_5b_at_32k_fits_and_the_estimate_bounds_it():
     total = torch.cuda.get_device_properties(0).total_memory / 1024 ** 3
     assert res.peak_mem_gib < total and res.peak_mem_gib < res.estimate_gib * 1.1
     assert res.train_tokens_per_s > 0 and math.isfinite(res.metrics["pg_loss"])
+
+
+def test_a_shared_critic_starts_from_a_value_head_folder_and_a_missing_one_is_an_error(tiny, tmp_path):
+    from cuda_agent.train.stages import StageError, stage_learner
+
+    head = ValueHead(64)
+    torch.nn.init.constant_(head.score.bias, 0.5)
+    (tmp_path / "crit").mkdir()
+    torch.save(head.state_dict(), tmp_path / "crit" / "value_head.pt")
+    cfg = TrainConfig(model=str(tiny), critic=str(tmp_path / "crit"), critic_mode="shared")
+    learner = stage_learner(cfg, tmp_path / "out", None, critic=True)
+    assert float(learner.value_head.score.bias) == 0.5
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StageError, match="no value_head.pt"):
+        stage_learner(cfg.model_copy(update={"critic": str(tmp_path / "empty")}), tmp_path / "out", None, critic=True)
+
+
+def test_a_run_that_cannot_fit_the_gpu_fails_before_loading_with_both_numbers(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from transformers import Qwen2Config
+
+    from cuda_agent.train.stages import StageError, stage_learner
+
+    folder = tmp_path / "qwen-1.5b-config-only"   # a config and no weights: nothing may be loaded
+    Qwen2Config(**trainbench.SHAPES["qwen2.5-1.5b"]).save_pretrained(folder)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda dev: SimpleNamespace(total_memory=24 * 1024 ** 3))
+    cfg = TrainConfig(model=str(folder), train_device="cuda", episode={"context_tokens": 32768})
+    with pytest.raises(StageError, match=r"would need ~\d+\.\d GiB .* cuda has 24\.0 GiB"):
+        stage_learner(cfg, tmp_path / "out", None, critic=True)
+    small = cfg.model_copy(update={"critic_mode": "shared", "lora": LoraConfig(), "episode": cfg.episode.model_copy(
+        update={"context_tokens": 4096})})
+    from cuda_agent.train.models import preflight
+
+    assert preflight(small, folder, critic=True, ref=False) is None   # LoRA + shared head at 4k fits in 24 GiB

@@ -80,7 +80,13 @@ def stage_learner(cfg: TrainConfig, out: Path, ckpt: Path | None, *, critic: boo
     """The stage's learner as the settings say, after the pre-flight memory check; a model that
     cannot be loaded as configured is a StageError."""
     base = resolve_model(cfg.model, out, cfg.seed)
-    critic_src = resolve_model(cfg.critic, out) if cfg.critic and critic else None
+    critic_src = None
+    if cfg.critic and critic and cfg.critic_mode == "shared":   # a folder holding value_head.pt
+        critic_src = Path(cfg.critic)
+        if not critic_src.exists():
+            raise StageError(f"{critic_src}: no such critic folder (critic_mode shared: a folder with value_head.pt)")
+    elif cfg.critic and critic:
+        critic_src = resolve_model(cfg.critic, out)
     need = preflight(cfg, base, critic=critic, ref=ref)
     if need is not None:
         raise StageError(need)
