@@ -82,7 +82,20 @@ def hidden_states(model, ids: torch.Tensor, attention: torch.Tensor) -> torch.Te
     decoder is the base model's with the adapters injected in place, so LoRA applies here too."""
     check_plain_lm_head(model)
     # no KV cache: training forwards are one pass (and a cache is incompatible with checkpointing)
-    return model.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    return model.get_decoder()(input_ids=ids, attention_mask=causal_mask_or_none(attention),
+                               use_cache=False).last_hidden_state
+
+
+def causal_mask_or_none(attention: torch.Tensor | None) -> torch.Tensor | None:
+    """None for a right-padded batch (every row ones, then zeros): under causal attention a real
+    token never sees the pads after it and positions count from 0 either way, so the outputs at real
+    positions are the same without the mask, and SDPA/flash run their causal kernel instead of
+    reading a materialised [B, 1, L, L] mask (17 GB per episode at 128k tokens). Pad positions'
+    outputs differ, and callers mask them out. Any other mask is kept."""
+    if attention is None:
+        return None
+    right_padded = bool((attention.cumprod(dim=1) == attention).all())
+    return None if right_padded else attention
 
 
 def check_plain_lm_head(model) -> None:
@@ -166,4 +179,5 @@ def naive_token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, temp
 def token_values(critic, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
     """The critic's value before each token t >= 1, shape [B, L-1] (verl's alignment: the value of a
     response token is read at the position that precedes it)."""
-    return critic(input_ids=ids, attention_mask=attention).logits[:, :-1, 0].float()
+    out = critic(input_ids=ids, attention_mask=causal_mask_or_none(attention), use_cache=False)
+    return out.logits[:, :-1, 0].float()
