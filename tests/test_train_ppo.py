@@ -85,3 +85,70 @@ def test_value_loss_is_clipped_around_the_old_values():
     loss, _ = ppo.value_loss(values, old, ret, torch.tensor([[1, 1]]), clip=0.5)
     # token 0: max((2-1)^2, (0.5-1)^2) = 1; token 1: max(1, 1) = 1; 0.5 * mean = 0.5
     assert abs(float(loss) - 0.5) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# GRPO, RLOO, KL estimators, entropy, warm-up: hand-computed
+
+
+def test_grpo_normalises_within_each_group_and_spreads_over_model_tokens():
+    rewards = torch.tensor([1.0, 3.0, 2.0, 2.0, 5.0])
+    groups = ppo.group_ids(["a", "a", "b", "b", "c"])
+    mask = torch.tensor([[1, 0, 1]] * 5)
+    adv = ppo.grpo_advantages(rewards, groups, mask, eps=0.0)
+    # group a: mean 2, unbiased std sqrt(2): -1/sqrt2, +1/sqrt2; group b: equal rewards -> 0 / (0 + eps=0)
+    # would be nan, so use a tiny eps below; group c: one episode keeps its reward (verl: mean 0, std 1)
+    s2 = 2 ** 0.5
+    assert torch.allclose(adv[0], torch.tensor([-1 / s2, 0, -1 / s2]))
+    assert torch.allclose(adv[1], torch.tensor([1 / s2, 0, 1 / s2]))
+    assert torch.equal(adv[4], torch.tensor([5.0, 0, 5.0]))
+    adv = ppo.grpo_advantages(rewards, groups, mask, eps=1e-6)
+    assert torch.equal(adv[2], torch.zeros(3)) and torch.equal(adv[3], torch.zeros(3))
+    unnormed = ppo.grpo_advantages(rewards, groups, mask, norm_std=False)
+    assert unnormed[:, 0].tolist() == [-1.0, 1.0, 0.0, 0.0, 5.0]
+
+
+def test_rloo_subtracts_the_mean_of_the_other_episodes():
+    rewards = torch.tensor([1.0, 2.0, 6.0, 4.0])
+    groups = ppo.group_ids(["t", "t", "t", "u"])
+    adv = ppo.rloo_advantages(rewards, groups, torch.ones(4, 2))
+    # 1 - (2+6)/2 = -3; 2 - (1+6)/2 = -1.5; 6 - (1+2)/2 = 4.5; a group of one keeps its reward
+    assert adv[:, 0].tolist() == [-3.0, -1.5, 4.5, 4.0] and torch.equal(adv[:, 0], adv[:, 1])
+
+
+def test_kl_estimators_k1_and_k3():
+    logp = torch.log(torch.tensor([0.5, 0.25, 0.5]))
+    ref = torch.log(torch.tensor([0.25, 0.5, 0.5]))
+    import math
+
+    k1 = ppo.kl_penalty(logp, ref, "k1")   # log(p / ref)
+    assert torch.allclose(k1, torch.tensor([math.log(2), -math.log(2), 0.0]))
+    k3 = ppo.kl_penalty(logp, ref, "k3")
+    # r = ref/p: 0.5 -> 0.5 - ln 0.5 - 1; 2 -> 2 - ln 2 - 1; 1 -> 0
+
+    assert torch.allclose(k3, torch.tensor([0.5 + math.log(2) - 1, 2 - math.log(2) - 1, 0.0]))
+    assert bool((k3 >= 0).all())
+    try:
+        ppo.kl_penalty(logp, ref, "k2")
+    except ValueError as exc:
+        assert "k1 or k3" in str(exc)
+    else:
+        raise AssertionError("an unknown estimator must be an error")
+
+
+def test_entropy_of_uniform_and_restricted_distributions():
+    import math
+
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, float("-inf"), float("-inf")]])
+    ent = ppo.entropy_from_logits(logits)
+    assert torch.allclose(ent, torch.tensor([math.log(4), math.log(2)]))
+    p = torch.tensor([0.7, 0.2, 0.1])
+    assert torch.allclose(ppo.entropy_from_logits(p.log()[None]), -(p * p.log()).sum()[None])
+
+
+def test_warmup_is_linear_then_constant():
+    from cuda_agent.train.optim import warmup_lambda
+
+    f = warmup_lambda(4)
+    assert [f(k) for k in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_lambda(0)(0) == 1.0

@@ -1,6 +1,7 @@
 """The one-GPU stages end to end on the CPU with the tiny random model and a scripted judge:
 warm-up and agentic PPO steps, RFT, critic pre-training (and its round trip as verl's critic
-checkpoint), and a run killed with SIGKILL that resumes without losing or repeating a step."""
+checkpoint), LoRA with a shared critic and GRPO without one, and a run killed with SIGKILL that
+resumes without losing or repeating a step, for each model combination."""
 
 from __future__ import annotations
 
@@ -118,8 +119,34 @@ def test_critic_pretraining_round_trip(tmp_path, task_file):
         assert torch.allclose(critic(input_ids=ids).logits, again(input_ids=ids).logits)
 
 
+def test_lora_with_a_shared_critic_then_grpo_without_one(tmp_path, task_file):
+    gate = FakeGate()
+    cfg = small(task_file, lora={"r": 4}, critic_mode="shared",
+                ppo={"mini_batch": 1, "kl_coef": 0.1, "entropy_coef": 0.01}, optim={"actor_lr": 1e-2,
+                                                                                 "warmup_steps": 2})
+    metrics = rollout_stage(cfg, tmp_path / "warmup", gate, mode="single_turn")
+    assert [m["step"] for m in metrics] == [0, 1]
+    for m in metrics:
+        assert m["optimizer_steps"] == 6 and m["kl_ref"] >= 0 and m["entropy"] > 0 and "vf_loss" in m
+        assert m["rollout_logprob_gap"] < 1e-4   # the LoRA actor's logprobs are the sampler's
+    assert metrics[0]["lr"] < metrics[1]["lr"] == 1e-2   # warm-up over the first two optimiser steps
+    ckpt = latest_checkpoint(tmp_path / "warmup")
+    assert (ckpt / "actor" / "adapter_config.json").exists() and (ckpt / "critic" / "value_head.pt").exists()
+    final = tmp_path / "warmup" / "final"
+    # the final actor is the adapter merged into the base: a plain model folder for the next stage
+    assert (final / "actor" / "config.json").exists() and not (final / "actor" / "adapter_config.json").exists()
+    assert (final / "critic" / "value_head.pt").exists()
+    cfg = small(task_file, model=str(final / "actor"), episodes_per_step=4, steps=1,
+                ppo={"estimator": "grpo", "group_size": 2, "kl_coef": 0.1})
+    metrics = rollout_stage(cfg, tmp_path / "grpo", gate, mode="single_turn")
+    eps = read_episodes([tmp_path / "grpo" / "episodes"])
+    assert [e.task_id for e in eps][0] == eps[1].task_id   # a group of two episodes of one task
+    assert "vf_loss" not in metrics[0] and metrics[0]["kl_ref"] >= 0
+    assert not (latest_checkpoint(tmp_path / "grpo") / "critic").exists()   # no critic loaded, none saved
+
+
 RUNNER = textwrap.dedent('''
-    import sys, time
+    import json, sys, time
     sys.path.insert(0, sys.argv[3])
     from train_fakes import FakeGate
     from cuda_agent.train.config import TrainConfig
@@ -130,17 +157,28 @@ RUNNER = textwrap.dedent('''
             time.sleep(0.5)
             return super().evaluate(task, cand)
 
-    cfg = TrainConfig(tasks=sys.argv[2], steps=3, episodes_per_step=2, concurrency=2,
-                      episode={"turn_tokens": 16, "max_turns": 1}, ppo={"mini_batch": 2})
+    settings = {"tasks": sys.argv[2], "steps": 3, "episodes_per_step": 2, "concurrency": 2,
+                "episode": {"turn_tokens": 16, "max_turns": 1}, "ppo": {"mini_batch": 2}}
+    cfg = TrainConfig(**{**settings, **json.loads(sys.argv[4])})
     rollout_stage(cfg, __import__("pathlib").Path(sys.argv[1]), Slow(), mode="single_turn")
 ''')
 
 
-def test_a_killed_run_resumes_after_its_last_checkpoint(tmp_path, task_file):
+COMBINATIONS = {
+    "separate-full": {},
+    "shared-lora": {"critic_mode": "shared", "lora": {"r": 4}, "optim": {"warmup_steps": 3}},
+    "grpo-lora-kl": {"lora": {"r": 4}, "ppo": {"estimator": "grpo", "group_size": 2, "kl_coef": 0.1}},
+    "shared-full-kl": {"critic_mode": "shared", "ppo": {"mini_batch": 1, "kl_coef": 0.1}},
+}
+
+
+@pytest.mark.parametrize("combo", sorted(COMBINATIONS))
+def test_a_killed_run_resumes_after_its_last_checkpoint(tmp_path, task_file, combo):
     out = tmp_path / "run"
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
-    argv = [sys.executable, str(script), str(out), str(task_file), str(Path(__file__).parent)]
+    argv = [sys.executable, str(script), str(out), str(task_file), str(Path(__file__).parent),
+            json.dumps(COMBINATIONS[combo])]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
     deadline = time.monotonic() + 300
@@ -155,6 +193,10 @@ def test_a_killed_run_resumes_after_its_last_checkpoint(tmp_path, task_file):
     subprocess.run(argv, env=env, check=True, timeout=600)
     steps = [m["step"] for m in read_metrics(out / "metrics.jsonl")]
     assert steps == [0, 1, 2]   # each step once: none lost, none repeated in the log
+    if "warmup_steps" in COMBINATIONS[combo].get("optim", {}):
+        # 2 optimiser steps a rollout step, warm-up over 3: the schedule's state survived the kill
+        lrs = [m["lr"] for m in read_metrics(out / "metrics.jsonl")]
+        assert lrs == pytest.approx([0.5e-6, 1e-6, 1e-6])
     assert latest_checkpoint(out).name == "step-000002"
     files = sorted(p.name for p in (out / "episodes").glob("*.jsonl"))
     assert files == ["step-000000.jsonl", "step-000001.jsonl", "step-000002.jsonl"]

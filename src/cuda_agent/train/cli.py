@@ -19,8 +19,9 @@ train_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_
     "Train a policy with CUDA Agent's four stages: warmup (single-turn PPO), rft (rejection fine-tuning), "
     "critic (value pre-training), ppo (multi-turn agentic PPO with GAE). Each reads one settings file "
     "([train] table, the judge's under [judge]) and writes OUT/: episodes/, metrics.jsonl, ckpt/, final/. "
-    "Rerun the same command to resume after the last checkpoint. `prepare` and `verl-config` make "
-    "the data and launch configs of the verl cluster path."))
+    "Rerun the same command to resume after the last checkpoint. Memory: -c precision=bf16 (default on CUDA), "
+    "-c gradient_checkpointing=true, -c critic_mode=shared, -c lora.r=16; advantages: -c ppo.estimator=gae|grpo|rloo. "
+    "`prepare` and `verl-config` make the data and launch configs of the verl cluster path."))
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="settings file (TOML or JSON): [train] fields "
                                                    "of TrainConfig, [judge] fields of JudgeConfig")]
@@ -70,7 +71,7 @@ class _Bar:
     """A rich progress bar over a stage's episodes or batches, and a line per finished step."""
 
     KEYS = ("reward_mean", "pass_rate", "sft_loss", "value_loss", "pg_loss", "vf_loss", "turns_mean",
-            "judge_s_per_episode", "episodes_per_hour")
+            "entropy", "kl_ref", "judge_s_per_episode", "episodes_per_hour", "train_tokens_per_s")
 
     def __init__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -131,7 +132,8 @@ def warmup_cmd(out_dir: OutOpt, config: ConfigOpt = None, set_: SetOpt = None, m
                tasks: TasksOpt = None, steps: StepsOpt = None, device: DeviceOpt = None,
                train_device: TrainDeviceOpt = None) -> None:
     """Stage 1, single-turn PPO warm-up: each episode is one reply holding a whole ModelNew
-    (load_inline), judged; PPO with a GAE critic (a value head on the actor) updates the actor."""
+    (load_inline), judged; PPO updates the actor, with a GAE critic (critic_mode: separate, a critic
+    started from the actor, or shared, a value head on its backbone) or none (ppo.estimator grpo/rloo)."""
     _rollout("single_turn", config, set_, out_dir, model=model, tasks=tasks, steps=steps, device=device,
              train_device=train_device)
 
@@ -144,7 +146,7 @@ def ppo_cmd(out_dir: OutOpt, config: ConfigOpt = None, set_: SetOpt = None, mode
             train_device: TrainDeviceOpt = None) -> None:
     """Stage 4, multi-turn agentic PPO: episodes of the agent in its workspace with its tools
     (token-in/token-out, observation tokens masked), the judge's milestone reward on the last
-    model token, GAE with the pre-trained critic."""
+    model token, GAE with the pre-trained critic (or ppo.estimator grpo/rloo, no critic)."""
     _rollout("agentic", config, set_, out_dir, model=model, critic=critic, tasks=tasks, steps=steps, device=device,
              train_device=train_device)
 
@@ -179,7 +181,8 @@ def critic_cmd(out_dir: OutOpt, config: ConfigOpt = None, set_: SetOpt = None, m
                episodes: EpisodesOpt = None, train_device: TrainDeviceOpt = None) -> None:
     """Stage 3, critic value pre-training: a one-output token-classification model started from the
     actor (--model, normally the RFT actor), regressed on the returns of stored episodes over model
-    tokens; OUT/final/critic is what `ppo --critic` and verl's critic.model.path load."""
+    tokens; OUT/final/critic is what `ppo --critic` and verl's critic.model.path load. With
+    critic_mode=shared it is a value head (value_head.pt) on the frozen actor, for a shared-critic ppo."""
     _need_transformers()
     from .stages import StageError, critic_stage
 

@@ -3,13 +3,28 @@ judge's under `[judge]`), then `-c field=value` overrides (`-c ppo.lam=0.95`), t
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuda_agent.reward import RewardConfig
 
 from .episode import EpisodeConfig
 from .learner import OptimConfig, PPOConfig
 from .rft import RFTFilter
+
+
+class LoraConfig(BaseModel):
+    """LoRA adapters on the actor (peft): only they (and a shared value head) train; the frozen base
+    is the KL reference for free (the adapter disabled)."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: int = Field(32, ge=1, description="scaling numerator (the update is alpha/r x B A)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="names (last component) of the linear modules that get an adapter")
 
 
 class TrainConfig(BaseModel):
@@ -39,8 +54,40 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(1, ge=1, description="steps between checkpoints (the last step always saves)")
     allowed_tokens: list[str] = Field(default_factory=list, description="restrict sampling (and the trainer's "
                                       "logprobs) to these token strings plus EOS; the toy check's action space")
+    precision: Literal["bf16", "fp32"] | None = Field(
+        None, description="weights' dtype: bf16 (AdamW moments kept fp32, stochastic rounding of updates) or "
+                          "fp32; default bf16 on CUDA, fp32 on the CPU")
+    gradient_checkpointing: bool | None = Field(None, description="recompute each layer in backward instead of "
+                                                                  "keeping its activations; default on with bf16")
+    lora: LoraConfig | None = Field(None, description="LoRA on the actor (-c lora.r=16); None trains every "
+                                                      "parameter")
+    critic_mode: Literal["separate", "shared"] = Field(
+        "separate", description="separate: a second model (AutoModelForTokenClassification, verl's format); "
+                                "shared: a value head on the actor's hidden states, one backbone for both")
+    logprob_chunk: int = Field(1024, ge=1, description="positions per lm_head + log_softmax chunk: peak logits "
+                                                       "memory is ~chunk x vocabulary x 12 bytes")
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     rft: RFTFilter = Field(default_factory=RFTFilter)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+
+    @model_validator(mode="after")
+    def _groups_fill_the_step(self):
+        if self.episodes_per_step % self.ppo.group_size:
+            raise ValueError(f"episodes_per_step ({self.episodes_per_step}) must be a multiple of ppo.group_size "
+                             f"({self.ppo.group_size}): each step runs whole groups of one task")
+        return self
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.train_device.startswith("cuda")
+
+    @property
+    def dtype_name(self) -> str:
+        """The precision in force: the setting, else bf16 on CUDA and fp32 on the CPU."""
+        return self.precision or ("bf16" if self.on_cuda else "fp32")
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.gradient_checkpointing if self.gradient_checkpointing is not None else self.dtype_name == "bf16"

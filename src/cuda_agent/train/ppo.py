@@ -89,3 +89,69 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float =
     m = mask.float()
     after = m.flip(1).cumsum(1).flip(1) - m   # model tokens strictly after t
     return (rewards.float()[:, None] * gamma ** after) * m
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcome-reward estimators without a critic (one scalar per episode, spread over its model tokens)
+
+
+def group_ids(keys: list[str]) -> torch.Tensor:
+    """Integer group of each episode: equal keys (the task id within one step) share a group."""
+    index: dict[str, int] = {}
+    return torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
+
+
+def _group_stats(rewards: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per episode: its group's size, mean reward and (unbiased, torch.std's) standard deviation."""
+    n_groups = int(groups.max()) + 1 if groups.numel() else 0
+    r = rewards.double()
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, groups, torch.ones_like(r))
+    mean = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, groups, r) / count
+    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, groups, (r - mean[groups]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    return count[groups], mean[groups], std[groups]
+
+
+def grpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, norm_std: bool = True,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """GRPO's outcome advantage per token [B, T]: (r - mean of the group) / (std of the group + eps),
+    or without the division when `norm_std` is off (Dr. GRPO). A group of one episode has no
+    baseline: its advantage is its reward unchanged (verl's convention: mean 0, std 1)."""
+    count, mean, std = _group_stats(rewards, groups)
+    single = count < 2
+    centred = torch.where(single, rewards.double(), rewards.double() - mean)
+    scale = torch.where(single, torch.ones_like(std), std + eps) if norm_std else torch.ones_like(std)
+    return (centred / scale).float()[:, None] * mask.float()
+
+
+def rloo_advantages(rewards: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """RLOO per token [B, T]: r minus the mean reward of the other episodes of its group, which is
+    n/(n-1) (r - mean of the group). A group of one keeps its reward (no other episode to compare)."""
+    count, mean, _ = _group_stats(rewards, groups)
+    r = rewards.double()
+    loo = torch.where(count < 2, r, (r - mean) * count / (count - 1).clamp(min=1))
+    return loo.float()[:, None] * mask.float()
+
+
+# ---------------------------------------------------------------------------------------------
+# Regularisers: KL to a frozen reference, entropy
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from the sampled token (Schulman's estimators, as verl):
+    k1 = logp - ref_logp (unbiased, high variance, can be negative); k3 = exp(ref - logp) -
+    (ref - logp) - 1 (unbiased, never negative, low variance). Clamped to [-10, 10] like verl's, so a
+    token the reference finds near-impossible cannot dominate the loss."""
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k3":
+        d = (ref_logp - logp).clamp(-20.0, 20.0)
+        return (torch.exp(d) - d - 1).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {estimator!r}: use k1 or k3")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last axis; -inf logits (a restricted vocabulary) count 0."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    return -(p * logp.masked_fill(torch.isinf(logp), 0.0)).sum(-1)

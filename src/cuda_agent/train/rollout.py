@@ -41,9 +41,14 @@ def select_tasks(cfg: TrainConfig) -> list[Task]:
     return tasks[: cfg.limit] if cfg.limit else tasks
 
 
-def step_tasks(tasks: list[Task], step: int, n: int) -> list[Task]:
-    """The tasks of step `step`: the seeded order, walked round-robin."""
-    return [tasks[(step * n + i) % len(tasks)] for i in range(n)]
+def step_tasks(tasks: list[Task], step: int, n: int, group_size: int = 1) -> list[Task]:
+    """The `n` episodes' tasks of step `step`: n / group_size distinct tasks of the seeded order,
+    walked round-robin, each repeated `group_size` times in a row (GRPO/RLOO compare the episodes of
+    one task within a step)."""
+    if group_size < 1 or n % group_size:
+        raise ValueError(f"{n} episodes per step cannot be split into groups of {group_size}")
+    distinct = n // group_size
+    return [tasks[(step * distinct + i) % len(tasks)] for i in range(distinct) for _ in range(group_size)]
 
 
 def run_episodes(tasks: list[Task], *, mode: str, gate: Evaluator, policy: TokenPolicy, renderer: ChatRenderer,

@@ -12,6 +12,11 @@ Each writes into its own folder OUT: `episodes/step-N.jsonl` (rollout stages), `
 (one line per step), `ckpt/` (atomic checkpoints, `LATEST`) and `final/` (the last actor and
 critic, what the next stage loads). Rerunning a stage on the same OUT resumes after its last
 checkpoint; metrics of steps after it are dropped and those steps run again.
+
+Models are loaded by `models.py` as the settings say (precision, gradient checkpointing, LoRA,
+critic_mode, a KL reference when ppo.kl_coef > 0, no critic for ppo.estimator grpo/rloo); on CUDA a
+pre-flight estimate refuses a run that cannot fit before anything is loaded, and a task prompt
+longer than episode.context_tokens stops the stage before its first episode.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import torch
 from .config import TrainConfig
 from .episode import ChatRenderer, EpisodeRecord
 from .generate import HFPolicy
-from .learner import Learner, checkpoint_step, latest_checkpoint
+from .learner import Learner, checkpoint_step, is_peft, latest_checkpoint
+from .models import ModelError, Sources, build_learner, load_actor, load_critic, preflight  # noqa: F401 (re-exported)
 from .rft import filter_episodes, write_sft_parquet
 from .rollout import (append_metrics, episode_metrics, read_episodes, read_metrics, run_episodes, select_tasks,
                       step_tasks, write_episodes)
@@ -62,36 +68,46 @@ def resolve_model(path: str, out: Path, seed: int = 0) -> Path:
             tmp.rename(folder)
         return folder
     folder = Path(path)
+    if not folder.exists():
+        raise StageError(f"{folder}: no such model folder (model and critic are Hugging Face model folders, "
+                         f"or 'tiny')")
     if not (folder / "config.json").exists():
         raise StageError(f"{folder}: not a Hugging Face model folder (no config.json)")
     return folder
 
 
-def load_actor(path: Path, device: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def stage_learner(cfg: TrainConfig, out: Path, ckpt: Path | None, *, critic: bool, ref: bool = False) -> Learner:
+    """The stage's learner as the settings say, after the pre-flight memory check; a model that
+    cannot be loaded as configured is a StageError."""
+    base = resolve_model(cfg.model, out, cfg.seed)
+    critic_src = None
+    if cfg.critic and critic and cfg.critic_mode == "shared":   # a folder holding value_head.pt
+        critic_src = Path(cfg.critic)
+        if not critic_src.exists():
+            raise StageError(f"{critic_src}: no such critic folder (critic_mode shared: a folder with value_head.pt)")
+    elif cfg.critic and critic:
+        critic_src = resolve_model(cfg.critic, out)
+    need = preflight(cfg, base, critic=critic, ref=ref)
+    if need is not None:
+        raise StageError(need)
+    try:
+        return build_learner(cfg, Sources(base=base, ckpt=ckpt, critic=critic_src), critic=critic, ref=ref,
+                             allowed_fn=lambda tok: allowed_ids(tok, cfg.allowed_tokens))
+    except ModelError as exc:
+        raise StageError(str(exc)) from None
 
-    tok = AutoTokenizer.from_pretrained(path)
-    if tok.chat_template is None:
-        raise StageError(f"{path}: the tokenizer has no chat template")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-    return model, tok
 
+def check_context(cfg: TrainConfig, tasks, renderer: ChatRenderer, mode: str, device: str) -> None:
+    """Every task's prompt must leave room for a reply within episode.context_tokens (the agentic
+    prompt is measured without its tool schemas, so this is a lower bound there)."""
+    from .episode import agentic_messages, single_turn_messages
 
-def load_critic(path: Path, device: str):
-    """An AutoModelForTokenClassification with one output: verl's critic checkpoint format. From a
-    causal LM's folder the value head is new (zero-initialised, so values start at 0)."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
-
-    conf = AutoConfig.from_pretrained(path)
-    new_head = not any("TokenClassification" in a for a in (conf.architectures or []))
-    critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).to(device)
-    if new_head:
-        head = getattr(critic, "score", None) or getattr(critic, "classifier", None)
-        if head is not None:
-            torch.nn.init.zeros_(head.weight)
-            if getattr(head, "bias", None) is not None:
-                torch.nn.init.zeros_(head.bias)
-    return critic
+    build = single_turn_messages if mode == "single_turn" else agentic_messages
+    for task in tasks:
+        n = len(renderer.prompt_ids(build(task, device), None))
+        if n >= cfg.episode.context_tokens:
+            raise StageError(f"task {task.name}: its prompt is {n} tokens but episode.context_tokens is "
+                             f"{cfg.episode.context_tokens}; raise it (-c episode.context_tokens=N) above the prompt")
 
 
 def allowed_ids(tok, strings: list[str]) -> list[int] | None:
@@ -106,13 +122,18 @@ def allowed_ids(tok, strings: list[str]) -> list[int] | None:
     return sorted(set(ids + [tok.eos_token_id]))
 
 
-def _export_final(ckpt: Path, out: Path) -> None:
+def _export_final(ckpt: Path, out: Path, learner: Learner | None = None) -> None:
+    """Copy the last checkpoint to OUT/final. A LoRA actor is exported merged into its base (a plain
+    model folder the next stage and verl load); the merge ends the learner's use."""
     final = out / "final"
     tmp = out / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for part in ("actor", "critic"):
-        if (ckpt / part).exists():
+        if part == "actor" and learner is not None and is_peft(learner.actor):
+            learner.actor.merge_and_unload().save_pretrained(tmp / "actor")
+            learner.tok.save_pretrained(tmp / "actor")
+        elif (ckpt / part).exists():
             shutil.copytree(ckpt / part, tmp / part)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -142,19 +163,11 @@ def rollout_stage(cfg: TrainConfig, out: Path, gate, *, mode: str, progress: Pro
     (out / "config.json").write_text(json.dumps({"stage": stage, **cfg.model_dump(mode="json")}, indent=1))
     ckpt, start = _resume(out)
     dev = cfg.train_device
-    if ckpt is not None:
-        actor, tok = load_actor(ckpt / "actor", dev)
-        critic = load_critic(ckpt / "critic", dev)
-    else:
-        base = resolve_model(cfg.model, out, cfg.seed)
-        actor, tok = load_actor(base, dev)
-        critic = load_critic(resolve_model(cfg.critic, out) if cfg.critic else base, dev)
-    allowed = allowed_ids(tok, cfg.allowed_tokens)
-    learner = Learner(actor, tok, critic, cfg.optim, temperature=cfg.episode.temperature, allowed=allowed)
-    if ckpt is not None:
-        learner.load_optim(ckpt)
+    learner = stage_learner(cfg, out, ckpt, critic=cfg.ppo.needs_critic, ref=cfg.ppo.kl_coef > 0)
+    actor, tok, allowed = learner.actor, learner.tok, learner.allowed
     renderer = ChatRenderer(tok)
     tasks = select_tasks(cfg)
+    check_context(cfg, tasks, renderer, mode, gate.device)
     for step in range(start, cfg.steps):
         torch.manual_seed(cfg.seed + step)
         policy = HFPolicy(actor, tok.eos_token_id, seed=cfg.seed * 100_003 + step, device=dev, allowed=allowed)
@@ -165,10 +178,10 @@ def rollout_stage(cfg: TrainConfig, out: Path, gate, *, mode: str, progress: Pro
             progress(f"{stage} step {step + 1}/{cfg.steps}", done[0], cfg.episodes_per_step, None)
 
         t0 = time.monotonic()
+        batch = step_tasks(tasks, step, cfg.episodes_per_step, cfg.ppo.group_size)
         try:
-            eps, failures = run_episodes(step_tasks(tasks, step, cfg.episodes_per_step), mode=mode, gate=gate,
-                                         policy=policy, renderer=renderer, cfg=cfg, step=step,
-                                         workdir=out / "workspaces", on_done=tick)
+            eps, failures = run_episodes(batch, mode=mode, gate=gate, policy=policy, renderer=renderer, cfg=cfg,
+                                         step=step, workdir=out / "workspaces", on_done=tick)
         finally:   # its KV caches were computed by this step's weights: release them before the update
             policy.close()
         rollout_s = time.monotonic() - t0
@@ -184,7 +197,7 @@ def rollout_stage(cfg: TrainConfig, out: Path, gate, *, mode: str, progress: Pro
             ckpt = learner.save(out, step)
         progress(f"{stage} step {step + 1}/{cfg.steps}", cfg.episodes_per_step, cfg.episodes_per_step, record)
     if ckpt is not None:
-        _export_final(ckpt, out)
+        _export_final(ckpt, out, learner)
     return read_metrics(out / "metrics.jsonl")
 
 
@@ -220,11 +233,7 @@ def rft_stage(cfg: TrainConfig, out: Path, progress: Progress = _quiet, *, expor
     if export_only:
         return []
     ckpt, start = _resume(out)
-    dev = cfg.train_device
-    actor, tok = load_actor(ckpt / "actor" if ckpt else resolve_model(cfg.model, out, cfg.seed), dev)
-    learner = Learner(actor, tok, None, cfg.optim)
-    if ckpt is not None:
-        learner.load_optim(ckpt)
+    learner = stage_learner(cfg, out, ckpt, critic=False)
     return _epochs(cfg, out, "rft", "sft_loss", kept, lambda batch: learner.sft_update(batch)["sft_loss"],
                    learner, ckpt, start, progress, {"kept": len(kept)})
 
@@ -248,7 +257,7 @@ def _epochs(cfg: TrainConfig, out: Path, stage: str, loss: str, eps: list, updat
         ckpt = learner.save(out, epoch, meta)
         progress(f"{stage} epoch {epoch + 1}/{cfg.epochs}", len(batches), len(batches), record)
     if ckpt is not None:
-        _export_final(ckpt, out)
+        _export_final(ckpt, out, learner)
     return read_metrics(out / "metrics.jsonl")
 
 
@@ -260,13 +269,7 @@ def critic_stage(cfg: TrainConfig, out: Path, progress: Progress = _quiet) -> li
     if not eps:
         raise StageError("no stored episode has model tokens to learn values on")
     ckpt, start = _resume(out)
-    dev = cfg.train_device
-    base = resolve_model(cfg.model, out, cfg.seed)
-    actor, tok = load_actor(ckpt / "actor" if ckpt else base, dev)
-    critic = load_critic(ckpt / "critic" if ckpt else (resolve_model(cfg.critic, out) if cfg.critic else base), dev)
-    learner = Learner(actor, tok, critic, cfg.optim)
-    if ckpt is not None:
-        learner.load_optim(ckpt)
+    learner = stage_learner(cfg, out, ckpt, critic=True)
     return _epochs(cfg, out, "critic", "value_loss", eps,
                    lambda batch: learner.critic_update(batch, cfg.ppo.gamma)["value_loss"], learner, ckpt, start,
                    progress)
