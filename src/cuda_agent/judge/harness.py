@@ -574,7 +574,7 @@ class Judge:
             training = _stochastic_training(stoch, role, checks_seen)
             checks_seen += role == "check"
             if training:
-                draws = reference_draws(setup, inputs, stochastic.DRAWS + 1)
+                draws = reference_draws(setup, inputs, stochastic.draw_count(setup.out_bytes))
                 expected = draws[0]
             elif judged:
                 if stoch:
@@ -601,11 +601,7 @@ class Judge:
                 idle_wall += time.perf_counter() - idle_mark[0]
                 idle_cpu += (_cpu_ns(proc.pid) - idle_mark[1]) / 1e9
             if training is not None and training != mode_sent:  # untimed, outside the idle CPU account too
-                chan.send({"op": "mode", "training": training})
-                done = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
-                if not done.get("ok"):
-                    ev.reported_error(done)
-                mode_sent = training
+                mode_sent = self._set_mode(session, ev, training, deadline, i)
             if state_seed is not None:  # untimed, and outside the idle CPU account (harness's own work)
                 chan.send({"op": "perturb", "seed": state_seed, "delta": PROBE_DELTA})
                 done = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
@@ -682,11 +678,12 @@ class Judge:
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
                 got, cmp = self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, ev,
-                                            deadline, expected64=expected64, draws=draws)
-                if stoch:
-                    _stochastic_call(v, stoch, draws is not None, cmp)
+                                            deadline, expected64=expected64, draws=draws,
+                                            eval_mode=training is False)
+                if stoch:  # a training-mode call (draws) has no float64 basis, probe or perturbed pair
+                    _stochastic_call(v, stoch, len(draws) if draws is not None else 0, cmp)
                 if draws is not None:
-                    pass  # a training-mode call: no float64 basis, no probe, no perturbed pair
+                    pass
                 elif role == "check" and cmp.approximate:
                     roles.insert(i - first_index + 1, "probe")  # the next call repeats this one, perturbed
                     probe_base = {"inputs": inputs, "got": got, "expected": expected, "expected64": expected64,
@@ -740,6 +737,15 @@ class Judge:
             self._bandwidth_probe(session, deadline, ev, leaves(inputs))
         return inside, outside
 
+    def _set_mode(self, session: Session, ev: Evaluation, training: bool, deadline: float, i: int) -> bool:
+        """A stochastic task's candidate put in training mode (its modules' flags as constructed) or
+        eval mode before call `i` (worker.py's "mode"); returns the mode set."""
+        session.chan.send({"op": "mode", "training": training})
+        done = session.recv(min(deadline, time.monotonic() + self.config.call_timeout_s), f"call {i}")
+        if not done.get("ok"):
+            ev.reported_error(done)
+        return training
+
     def _next_op(self, session: Session, ev: Evaluation, op: str, deadline: float, i: int, what: str) -> dict:
         """The message that must come next in call `i` (the worker's `op`), within a call's time
         limit: an error reply ends the run as reported, any other message is tampering."""
@@ -764,7 +770,7 @@ class Judge:
 
     def _check_call(self, session: Session, i: int, role: str, inputs: list, meta: list, expected: list,
                     reply: CallReply, claimed: float | None, measured: float, ev: Evaluation, deadline: float,
-                    expected64: list | None = None, draws: list | None = None) -> None:
+                    expected64: list | None = None, draws: list | None = None, eval_mode: bool = False) -> None:
         cfg = self.config
         plane = session.plane
         v = ev.verdict
@@ -836,7 +842,8 @@ class Judge:
                                   rel_l2_err_f64=cmp.rel_l2_err_f64, ref_noise_rel_l2=cmp.ref_noise_rel_l2,
                                   rel_l2_bound=cmp.rel_l2_bound, ok=cmp.ok))
         if not cmp.ok:
-            raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}): {cmp.message}")
+            mode = ", eval mode: the random part switched off" if eval_mode else ""
+            raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}{mode}): {cmp.message}")
         if cmp.approximate and role == "check" and not session.paired:
             # an approximation or lower precision: the precision probe (the next call) decides
             err = cmp.rel_l2_err_f64
@@ -1158,21 +1165,23 @@ def _stochastic_training(kind: str | None, role: str, checks_seen: int) -> bool 
     return True
 
 
-def _stochastic_call(v: Verdict, kind: str, drawn: bool, cmp) -> None:
-    """A passed call of a stochastic task, recorded in the verdict (`Verdict.stochastic`)."""
+def _stochastic_call(v: Verdict, kind: str, drawn: int, cmp) -> None:
+    """A passed call of a stochastic task (`drawn`: the reference draws it was checked against, 0
+    for an eval-mode call), recorded in the verdict (`Verdict.stochastic`)."""
     s = v.stochastic
     if s is None:
-        s = v.stochastic = StochasticCheck(kind=kind, draws=stochastic.DRAWS + 1)
+        s = v.stochastic = StochasticCheck(kind=kind)
         v.notes.append(
             "stochastic reference (its outputs change with the random seed): "
             + ("checked exactly in eval mode (random part off) on every other checked call, "
                if kind == "eval" else "eval() does not switch its random part off, so no call is checked exactly; ")
-            + f"in training mode each output judged as one more draw against {stochastic.DRAWS + 1} reference "
-              f"draws (per-element ranks, Kolmogorov-Smirnov, and a spread z-score added up over the run)")
+            + "in training mode each output judged as one more draw against the reference's own draws "
+              "(per-element ranks, Kolmogorov-Smirnov, and a spread z-score added up over the run)")
     if not drawn:
         s.eval_calls += 1
         return
     s.draw_calls += 1
+    s.draws = min(s.draws, drawn) if s.draws else drawn
     if cmp.draws_ks is not None and (s.worst_ks is None or cmp.draws_ks / cmp.draws_ks_bound
                                      > s.worst_ks / s.worst_ks_bound):
         s.worst_ks, s.worst_ks_bound = cmp.draws_ks, cmp.draws_ks_bound

@@ -86,7 +86,7 @@ class StochasticCheck(BaseModel):
     kind: str                   # "eval": eval() switches the random part off; "always": it does not
     eval_calls: int = 0         # calls checked exactly in eval mode (random part off), precision probe included
     draw_calls: int = 0         # calls checked statistically in training mode, against reference draws
-    draws: int = 0              # reference draws per statistical call
+    draws: int = 0              # reference draws per statistical call (the fewest, where memory cut them)
     # the closest call to its bound: Kolmogorov-Smirnov distance of the output's ranks among the
     # draws from uniform, and that call's bound (the reference's own draws, leave one out)
     worst_ks: float | None = None

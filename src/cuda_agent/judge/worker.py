@@ -679,7 +679,8 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         live = {key: value for key, value in model.state_dict().items() if key in matched}
         # each module's training flag as constructed: a stochastic task's training-mode calls put
         # these back after its eval-mode ones (the "mode" request)
-        modes = [(m, m.training) for m in _module_tree(model)]
+        modes = [(vars_, vars_.get("training", True))
+                 for vars_ in (object.__getattribute__(m, "__dict__") for m in _module_tree(model))]
         if device == "cuda":
             torch.cuda.synchronize()
     except BaseException as exc:
@@ -754,11 +755,12 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if op == "mode":
             # A stochastic task (harness, stochastic.py): eval mode for the calls checked exactly with
             # the random part off, the modes as constructed for the training-mode calls. The flags
-            # are set here, without candidate code (no train()/eval() of its own): between calls.
+            # are written into the modules' own dictionaries, so that no candidate code runs (no
+            # train()/eval() or __setattr__ of its own): this is between calls.
             try:
                 training = bool(msg["training"])
-                for m, flag in modes:
-                    object.__setattr__(m, "training", flag if training else False)
+                for vars_, flag in modes:
+                    vars_["training"] = flag if training else False
                 chan.send({"ok": True})
             except BaseException as exc:
                 reply_error(ErrorCategory.RUNTIME, f"setting the mode failed: {_trim_traceback(exc)}")
