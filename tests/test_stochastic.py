@@ -91,7 +91,7 @@ def _run(make, calls=6, seed=0):
 
 
 def test_a_correct_sampler_with_its_own_random_numbers_passes_every_call_and_the_run():
-    for seed in range(4):
+    for seed in range(3):
         oks, z = _run(lambda z, draw, own: draw(gen=own), seed=seed)
         assert all(oks) and abs(z) < Z_RUN, (seed, oks, z)
 
@@ -106,7 +106,7 @@ def test_a_correct_sampler_with_its_own_random_numbers_passes_every_call_and_the
     ("gaussian noise instead", lambda z, draw, own: torch.softmax(z + 0.3 * torch.randn(z.shape, generator=own), 1)),
 ])
 def test_samplers_of_the_wrong_distribution_fail_a_call_or_the_run(name, make):
-    oks, z = _run(make)
+    oks, z = _run(make, calls=4)
     assert not all(oks) or abs(z) > Z_RUN, (name, oks, z)
 
 
