@@ -6,7 +6,7 @@ file defining ModelNew, or a workspace folder with model_new.py) whose header sa
     # task: <path under tests/fixtures/tasks/>
     # expect: pass | fail
     # category: <honest, fallback, tampering, answer, phase, replay, timer, inputs, mutation,
-    #            precision, degenerate, resource, fault>
+    #            precision, degenerate, stochastic, resource, fault>
     # why: <one line>
     # failure: <FailureCategory values allowed when it fails, comma-separated>   (optional)
     # policy: lenient                                                             (optional)
@@ -36,7 +36,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 TASKS = FIXTURES / "tasks"
 GROUPS = ("honest", "hacks", "faults")
 CATEGORIES = {"honest", "fallback", "tampering", "answer", "phase", "replay", "timer", "inputs", "mutation",
-              "precision", "degenerate", "resource", "fault"}
+              "precision", "degenerate", "stochastic", "resource", "fault"}
 NET_PORT = 47613          # resource_network_connect fixtures try to reach this port
 MARKER = "CANDIDATE_WAS_HERE"
 

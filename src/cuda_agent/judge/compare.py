@@ -25,6 +25,12 @@ class Comparison:
     # outputs over their noise-scaled bound but within `approx_ceiling`: they pass only if the
     # candidate's response to perturbed inputs then shows float32 resolution (response_error)
     approximate: tuple[int, ...] = ()
+    # a stochastic reference's statistical check (stochastic.compare_draws): per output, the z-score
+    # of the candidate's spread against the reference's draws (the run adds them up), and the worst
+    # Kolmogorov-Smirnov distance of its ranks among the draws from uniform, with that output's bound
+    draws_z: tuple[float, ...] = ()
+    draws_ks: float | None = None
+    draws_ks_bound: float | None = None
 
 
 # The reference's own relative L2 error against float64 at which its values are rounding noise: the

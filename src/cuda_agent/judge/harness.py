@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -62,12 +63,14 @@ from .protocol import MAX_KERNELS, CallReply, Channel, DataPlane, InitRequest, R
 from .reference import (Reference, Setup, fresh_inputs, make_setup, perturb_state, rebuild, reference_ops,
                         to_list)
 from .reference import expected64 as reference_expected64
+from .reference import reference_draws, set_training
+from . import stochastic
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
 from .supply import WorkerSupply, ZygoteHolder
 from .tensorio import TransportError, leaves, pack, packed_end, perturbed, snapshot, staged, unpack
 from .timing import RELEASE_WAIT_S, CacheFlusher, bandwidth_probe, largest_floating, reconcile, summarize
-from .verdict import CallRecord, Failure, FailureCategory as FC, Verdict
+from .verdict import CallRecord, Failure, FailureCategory as FC, StochasticCheck, Verdict
 from .verdict_cache import VerdictCache
 
 __all__ = ["Judge", "JudgeError", "judge"]
@@ -577,6 +580,11 @@ class Judge:
         # inserted into `roles`); once that passed, warm-up and timed calls come in such pairs.
         probe_base: dict | None = None
         pair_first: dict | None = None
+        # A stochastic reference (stochastic.py): each call's mode (eval: exact check; training:
+        # reference draws and the statistical check) and the mode the process was last put in.
+        stoch = setup.randomness if judged else None
+        mode_sent: bool | None = None
+        checks_seen = 0
         for i, role in enumerate(roles, start=first_index):
             if self._device_lock is not None:
                 held.close()  # the last call's hold; then this one's, alone for a timed call
@@ -594,8 +602,15 @@ class Judge:
             # the ones the candidate process says it copied (a claim): a copy it does not move shows.
             moved_keys = list(setup.state_names) if role == "probe" else []
             state_seed = secrets.randbits(31) if role == "probe" else None
-            expected = expected64 = None
-            if judged:
+            expected = expected64 = draws = None
+            training = _stochastic_training(stoch, role, checks_seen)
+            checks_seen += role == "check"
+            if training:
+                draws = reference_draws(setup, inputs, stochastic.draw_count(setup.out_bytes))
+                expected = draws[0]
+            elif judged:
+                if stoch:
+                    set_training(setup, False)
                 if state_seed is not None:
                     perturb_state(setup, moved_keys, state_seed, PROBE_DELTA)
                 try:
@@ -617,6 +632,8 @@ class Judge:
                 # of the timed window (watcher threads, precomputation, starving the judge).
                 idle_wall += time.perf_counter() - idle_mark[0]
                 idle_cpu += (_cpu_ns(proc.pid) - idle_mark[1]) / 1e9
+            if training is not None and training != mode_sent:  # untimed, outside the idle CPU account too
+                mode_sent = self._set_mode(session, ev, training, deadline, i)
             if state_seed is not None:  # untimed, and outside the idle CPU account (harness's own work)
                 chan.send({"op": "perturb", "seed": state_seed, "delta": PROBE_DELTA})
                 done = session.recv(min(deadline, time.monotonic() + cfg.call_timeout_s), f"call {i}")
@@ -693,8 +710,13 @@ class Judge:
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
                 got, cmp = self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, ev,
-                                            deadline, expected64=expected64)
-                if role == "check" and cmp.approximate:
+                                            deadline, expected64=expected64, draws=draws,
+                                            eval_mode=training is False)
+                if stoch:  # a training-mode call (draws) has no float64 basis, probe or perturbed pair
+                    _stochastic_call(v, stoch, len(draws) if draws is not None else 0, cmp)
+                if draws is not None:
+                    pass
+                elif role == "check" and cmp.approximate:
                     roles.insert(i - first_index + 1, "probe")  # the next call repeats this one, perturbed
                     probe_base = {"inputs": inputs, "got": got, "expected": expected, "expected64": expected64,
                                   "cmp": cmp}
@@ -728,6 +750,8 @@ class Judge:
             for k, x in split.items():
                 if k != "device_wait" or self._device_lock is not None:
                     v.phase_s[f"calls:{k}"] = v.phase_s.get(f"calls:{k}", 0.0) + x
+            if stoch:
+                _stochastic_run(v)
             if expected_checks:
                 # kept: warnings the checked calls raised (an ill-conditioned reference)
                 found = degenerate_warnings(expected_checks, atol=cfg.atol, rtol=cfg.rtol)
@@ -744,6 +768,15 @@ class Judge:
         if dev == "cuda" and session.shared is not None and os.environ.get("CUDA_AGENT_BANDWIDTH_PROBE") == "1":
             self._bandwidth_probe(session, deadline, ev, leaves(inputs))
         return inside, outside
+
+    def _set_mode(self, session: Session, ev: Evaluation, training: bool, deadline: float, i: int) -> bool:
+        """A stochastic task's candidate put in training mode (its modules' flags as constructed) or
+        eval mode before call `i` (worker.py's "mode"); returns the mode set."""
+        session.chan.send({"op": "mode", "training": training})
+        done = session.recv(min(deadline, time.monotonic() + self.config.call_timeout_s), f"call {i}")
+        if not done.get("ok"):
+            ev.reported_error(done)
+        return training
 
     def _next_op(self, session: Session, ev: Evaluation, op: str, deadline: float, i: int, what: str) -> dict:
         """The message that must come next in call `i` (the worker's `op`), within a call's time
@@ -769,7 +802,7 @@ class Judge:
 
     def _check_call(self, session: Session, i: int, role: str, inputs: list, meta: list, expected: list,
                     reply: CallReply, claimed: float | None, measured: float, ev: Evaluation, deadline: float,
-                    expected64: list | None = None) -> None:
+                    expected64: list | None = None, draws: list | None = None, eval_mode: bool = False) -> None:
         cfg = self.config
         plane = session.plane
         v = ev.verdict
@@ -794,12 +827,15 @@ class Judge:
             raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
         if session.shared is not None:  # views of memory the candidate can still write: snapshot first
             got = [snapshot(g) for g in got]
-        cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2,
-                              expected64=expected64, noise_multiple=cfg.ref_noise_multiple,
-                              rel_l2_ceiling=cfg.max_rel_l2_ceiling,
-                              rel_l2_bounds=None if role in ("check", "probe") else session.rel_l2_bounds,
-                              approx_ceiling=cfg.approx_rel_l2 if role in ("check", "probe") else 0.0)
-        if role in ("check", "probe"):
+        if draws is not None:  # a stochastic reference in training mode: judged as one more draw
+            cmp = stochastic.compare_draws(draws, got)
+        else:
+            cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2,
+                                  expected64=expected64, noise_multiple=cfg.ref_noise_multiple,
+                                  rel_l2_ceiling=cfg.max_rel_l2_ceiling,
+                                  rel_l2_bounds=None if role in ("check", "probe") else session.rel_l2_bounds,
+                                  approx_ceiling=cfg.approx_rel_l2 if role in ("check", "probe") else 0.0)
+        if role in ("check", "probe") and draws is None:
             # Later calls (no float64 reference) keep the widest bound the checked calls found.
             old = session.rel_l2_bounds or [None] * len(cmp.later_bounds)
             session.rel_l2_bounds = [b if a is None else a if b is None else max(a, b)
@@ -838,7 +874,8 @@ class Judge:
                                   rel_l2_err_f64=cmp.rel_l2_err_f64, ref_noise_rel_l2=cmp.ref_noise_rel_l2,
                                   rel_l2_bound=cmp.rel_l2_bound, ok=cmp.ok))
         if not cmp.ok:
-            raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}): {cmp.message}")
+            mode = ", eval mode: the random part switched off" if eval_mode else ""
+            raise _Stop(FC.MISMATCH, f"call {i} ({'checked' if role == 'check' else role}{mode}): {cmp.message}")
         if cmp.approximate and role == "check" and not session.paired:
             # an approximation or lower precision: the precision probe (the next call) decides
             err = cmp.rel_l2_err_f64
@@ -1153,6 +1190,61 @@ def _waits_during(cpu_ms: float | None, before: dict[int, tuple[int, int]], afte
     steady = before.keys() <= after.keys() and (
         cpu_ms is None or cpu_ms * 1e6 - cpu_live_ns <= 20_000 + 0.01 * cpu_ms * 1e6)
     return (waited_ns + max(own_wait_ns, 0)) / 1e6, steady
+
+
+def _stochastic_training(kind: str | None, role: str, checks_seen: int) -> bool | None:
+    """The mode of a call under a stochastic reference (None: a deterministic one). With `kind`
+    "eval", every other checked call (the first included) and the precision probe that may follow
+    it run in eval mode, checked exactly; the other checked calls and every warm-up and timed call
+    run in training mode, as the task does, checked statistically. With "always", all of them."""
+    if kind is None:
+        return None
+    if kind == "eval" and (role == "probe" or role == "check" and checks_seen % 2 == 0):
+        return False
+    return True
+
+
+def _stochastic_call(v: Verdict, kind: str, drawn: int, cmp) -> None:
+    """A passed call of a stochastic task (`drawn`: the reference draws it was checked against, 0
+    for an eval-mode call), recorded in the verdict (`Verdict.stochastic`)."""
+    s = v.stochastic
+    if s is None:
+        s = v.stochastic = StochasticCheck(kind=kind)
+        v.notes.append(
+            "stochastic reference (its outputs change with the random seed): "
+            + ("checked exactly in eval mode (random part off) on every other checked call, "
+               if kind == "eval" else "eval() does not switch its random part off, so no call is checked exactly; ")
+            + "in training mode each output judged as one more draw against the reference's own draws "
+              "(per-element ranks, Kolmogorov-Smirnov, and a spread z-score added up over the run)")
+    if not drawn:
+        s.eval_calls += 1
+        return
+    s.draw_calls += 1
+    s.draws = min(s.draws, drawn) if s.draws else drawn
+    if cmp.draws_ks is not None and (s.worst_ks is None or cmp.draws_ks / cmp.draws_ks_bound
+                                     > s.worst_ks / s.worst_ks_bound):
+        s.worst_ks, s.worst_ks_bound = cmp.draws_ks, cmp.draws_ks_bound
+    for k, z in enumerate(cmp.draws_z):
+        if k >= len(s.z_sum):
+            s.z_sum.append(0.0)
+            s.z_calls.append(0)
+        s.z_sum[k] += z
+        s.z_calls[k] += 1
+
+
+def _stochastic_run(v: Verdict) -> None:
+    """The spread test over all the training-mode calls so far (stochastic.Z_RUN)."""
+    s = v.stochastic
+    if s is None:
+        return
+    for k, (total, n) in enumerate(zip(s.z_sum, s.z_calls)):
+        z = total / math.sqrt(n) if n else 0.0
+        if abs(z) > stochastic.Z_RUN:
+            raise _Stop(FC.MISMATCH, f"output {k}: not distributed like the stochastic reference over the run: its mean "
+                                     f"L1 distance to the reference's draws is {z:+.3g} standard deviations from a draw's "
+                                     f"own, summed over {n} training-mode calls (bound {stochastic.Z_RUN:g}): "
+                                     + ("too close to the draws: the random part left out or replaced by its expectation"
+                                        if z < 0 else "too far from the draws: a wrong distribution"))
 
 
 def _num(x) -> float | None:

@@ -19,6 +19,7 @@ from cuda_agent.tasks import Task
 
 from .config import JudgeConfig
 from .evaluation import JudgeError
+from .stochastic import Randomness, detect
 from .tensorio import move_state, nbytes_of
 
 
@@ -34,6 +35,7 @@ class Reference:
         self.Model = module.Model
         self.get_inputs = module.get_inputs
         self.get_init_inputs = module.get_init_inputs
+        self.randomness: Randomness | None = None  # learnt on first use (`randomness_of`)
 
 
 @dataclass
@@ -58,6 +60,10 @@ class Setup:
     # What one call's inputs take in the transport (with its alignment slack): the size of the block a
     # CUDA process stages them in (JudgeConfig.stage_inputs), where in_bytes also covers the weights.
     call_in_bytes: int = 0
+    # How the reference uses random numbers (stochastic.Randomness.kind: "eval", "always" or None),
+    # and each module's own training flag as constructed (restored for training-mode calls).
+    randomness: str | None = None
+    modes: list | None = None
 
 
 def _state_of(model: torch.nn.Module) -> tuple[dict, dict]:
@@ -147,6 +153,42 @@ def reference_ops(ref: Reference, device: str) -> set[str]:
     return set()
 
 
+def randomness_of(ref: Reference, config: JudgeConfig) -> Randomness:
+    """Whether the task's reference draws random numbers (stochastic.detect), learnt once per
+    reference: fresh constructions under one seed, run on one input set."""
+    if ref.randomness is None:
+        seed = secrets.randbits(31)
+        inputs = fresh_inputs(ref, secrets.randbits(63), 0, config.device)
+        ref.randomness = detect(lambda: _construct(ref, seed, config)[1], inputs, atol=config.atol, rtol=config.rtol)
+    return ref.randomness
+
+
+def set_training(setup: Setup, training: bool) -> None:
+    """A stochastic reference (and its float64 copy) in eval mode (`training` False: the random part
+    switched off), or back in each module's own mode as constructed."""
+    if setup.modes is None:
+        setup.modes = [m.training for m in setup.ref_model.modules()]
+    for m in (setup.ref_model, setup.ref64):
+        if m is None:
+            continue
+        if training:
+            for sub, flag in zip(m.modules(), setup.modes):
+                sub.training = flag
+        else:
+            m.eval()
+
+
+def reference_draws(setup: Setup, inputs: list, n: int) -> list[list]:
+    """`n` evaluations of a stochastic reference on the same inputs, in its training mode, each
+    under the random numbers the generator gives next (the judge's own seeds)."""
+    set_training(setup, True)
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            out.append([o.detach() if isinstance(o, torch.Tensor) else o for o in to_list(setup.ref_model(*inputs))])
+    return out
+
+
 def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) -> Setup:
     """The reference model under `init_seed`, its weights and the transport sizes."""
     init_args, ref_model = _construct(ref, init_seed, config)
@@ -186,8 +228,15 @@ def make_setup(task: Task, ref: Reference, init_seed: int, config: JudgeConfig) 
     in_bytes = max(nbytes_of(state_values) + nbytes_of(init_args), nbytes_of(probe_inputs)) + (1 << 20)
     outputs = [(list(t.shape), str(t.dtype).removeprefix("torch.")) if isinstance(t, torch.Tensor) else None
                for t in probe]
+    randomness = randomness_of(ref, config)
+    if randomness.kind is not None and stateful:
+        # its extra draws per call (stochastic.py) would move its state away from the candidate's
+        raise JudgeError(f"task {task.name}: the reference is stochastic ({randomness.detail}) and its forward "
+                         f"changes its own state: the judge cannot check it statistically")
+    torch.manual_seed(secrets.randbits(63))  # the draws of the calls: random numbers nobody chose
     return Setup(init_seed, init_args, ref_model, state_names, state_values, in_bytes, out_bytes, outputs,
-                 stateful=stateful, call_in_bytes=nbytes_of(probe_inputs) + (1 << 20))
+                 stateful=stateful, call_in_bytes=nbytes_of(probe_inputs) + (1 << 20),
+                 randomness=randomness.kind)
 
 
 def expected64(setup: Setup, inputs: list, config: JudgeConfig) -> list | None:

@@ -93,6 +93,23 @@ class SanitizerRun(BaseModel):
     seconds: float = 0.0
 
 
+class StochasticCheck(BaseModel):
+    """How a task whose reference draws random numbers was judged (`cuda_agent.judge.stochastic`)."""
+
+    kind: str                   # "eval": eval() switches the random part off; "always": it does not
+    eval_calls: int = 0         # calls checked exactly in eval mode (random part off), precision probe included
+    draw_calls: int = 0         # calls checked statistically in training mode, against reference draws
+    draws: int = 0              # reference draws per statistical call (the fewest, where memory cut them)
+    # the closest call to its bound: Kolmogorov-Smirnov distance of the output's ranks among the
+    # draws from uniform, and that call's bound (the reference's own draws, leave one out)
+    worst_ks: float | None = None
+    worst_ks_bound: float | None = None
+    # per output, the spread test's z-scores summed over the training-mode calls and how many
+    # (the run's z is z_sum / sqrt(z_calls); stochastic.Z_RUN bounds it)
+    z_sum: list[float] = Field(default_factory=list)
+    z_calls: list[int] = Field(default_factory=list)
+
+
 class Verdict(BaseModel):
     """Everything the judge decided about one candidate on one task."""
 
@@ -137,6 +154,7 @@ class Verdict(BaseModel):
     speed_of_light: SpeedOfLight | None = None
     from_cache: bool = False  # answered from the judge's verdict cache (`verdict_cache`): nothing ran
     memcheck: list[SanitizerRun] = Field(default_factory=list)  # JudgeConfig.memcheck: the sanitizer's runs
+    stochastic: StochasticCheck | None = None  # the reference draws random numbers: how it was checked
 
     @property
     def runtime_ms(self) -> float | None:
@@ -225,6 +243,7 @@ class Verdict(BaseModel):
             "ref_noise_rel_l2": self.ref_noise_rel_l2,
             "rel_l2_bound": self.rel_l2_bound,
             "n_checked": self.n_checked,
+            "stochastic": self.stochastic.model_dump(mode="json") if self.stochastic else None,
             "build_s": self.build_s,
             "build_cached": self.build_cached,
             "judge_s": self.judge_s,

@@ -422,6 +422,24 @@ def _warm_profiler(torch) -> None:
         pass
 
 
+def _module_tree(model) -> list:
+    """`model` and every module under it, read from the module dictionaries themselves (no
+    `modules()` or `children()` that a candidate class could override)."""
+    import torch
+
+    seen: set[int] = set()
+    found, stack = [], [model]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        found.append(m)
+        subs = object.__getattribute__(m, "__dict__").get("_modules") or {}
+        stack.extend(v for v in list(subs.values())[::-1] if isinstance(v, torch.nn.Module))
+    return found
+
+
 def _load_module(name: str, library: str):
     """A module from a file the judge placed (a native library it built, or the reference), marked
     as the judge's so that the audit hook lets it load."""
@@ -661,6 +679,10 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         # the copied tensors as they are now (on the device), for the precision probe to move: kept
         # here, so that no candidate code (a state_dict of its own) runs between calls
         live = {key: value for key, value in model.state_dict().items() if key in matched}
+        # each module's training flag as constructed: a stochastic task's training-mode calls put
+        # these back after its eval-mode ones (the "mode" request)
+        modes = [(vars_, vars_.get("training", True))
+                 for vars_ in (object.__getattribute__(m, "__dict__") for m in _module_tree(model))]
         if device == "cuda":
             torch.cuda.synchronize()
     except BaseException as exc:
@@ -730,6 +752,20 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 chan.send({"ok": True})
             except BaseException as exc:
                 reply_error(ErrorCategory.RUNTIME, f"moving the parameters failed: {_trim_traceback(exc)}")
+                return 1
+            continue
+        if op == "mode":
+            # A stochastic task (harness, stochastic.py): eval mode for the calls checked exactly with
+            # the random part off, the modes as constructed for the training-mode calls. The flags
+            # are written into the modules' own dictionaries, so that no candidate code runs (no
+            # train()/eval() or __setattr__ of its own): this is between calls.
+            try:
+                training = bool(msg["training"])
+                for vars_, flag in modes:
+                    vars_["training"] = flag if training else False
+                chan.send({"ok": True})
+            except BaseException as exc:
+                reply_error(ErrorCategory.RUNTIME, f"setting the mode failed: {_trim_traceback(exc)}")
                 return 1
             continue
         if op == "echo":
