@@ -47,7 +47,8 @@ def compose(config_name: str, overrides: list[str]):
 
 def script_overrides(script: Path, module: str) -> list[str]:
     """The `key=value` overrides a stage script passes to `python3 -m <module>` (or torchrun -m)."""
-    words = shlex.split(script.read_text().replace("\\\n", " "), comments=True)
+    line = next(x for x in script.read_text().replace("\\\n", " ").splitlines() if f" {module} " in x)
+    words = shlex.split(line, comments=True)
     at = words.index(module)
     out = []
     for w in words[at + 1:]:
