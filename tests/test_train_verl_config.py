@@ -144,3 +144,15 @@ def test_merger_command_lines_parse_with_verls_argparse(one_node, monkeypatch):
     assert merged["rft.sh"][0].endswith("/rft/global_step_7")   # the SFT trainer saves at the step's top
     assert merged["ppo.sh"] == (launch.path("checkpoints", "ppo", "global_step_7", "actor"),
                                 launch.path("hf", "ppo-actor"))
+
+
+def test_the_judge_asks_ray_for_gpus_only_on_the_cuda_backend_and_says_where_it_timed():
+    from cuda_agent.rollout.ray_judge import gpu_note, judge_actor
+
+    assert "dedicated" in gpu_note("cuda", ["6", "7"]) and "6,7" in gpu_note("cuda", ["6", "7"])
+    assert "shared" in gpu_note("cuda", []) and "none" in gpu_note("cpu", [])
+    pytest.importorskip("ray")
+    with pytest.raises(ValueError, match="only the cuda backend"):
+        judge_actor({"device": "cpu"}, gpus=2)
+    with pytest.raises(ValueError, match="0 or more"):
+        judge_actor({"device": "cuda"}, gpus=-1)

@@ -137,3 +137,15 @@ def test_nothing_judged_gets_the_fail_reward_on_model_tokens(tiny, tmp_path):
     config, out = _episode(tiny, tmp_path, [LIST], response_length=4096, max_turns=1)
     assert out.reward_score < 0
     _check(config, out, termination="max_turns", reward=out.reward_score)
+
+
+def test_the_episodes_folder_must_be_absolute_and_writable(tmp_path):
+    need_verl()
+    from cuda_agent.train.verl_loop import check_episodes_dir
+
+    assert check_episodes_dir(tmp_path / "eps") == tmp_path / "eps" and (tmp_path / "eps").is_dir()
+    with pytest.raises(ValueError, match="absolute"):
+        check_episodes_dir("episodes")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="not writable"):   # a file where a folder should be (root ignores modes)
+        check_episodes_dir(tmp_path / "file" / "eps")
