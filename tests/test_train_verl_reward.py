@@ -43,8 +43,9 @@ def _config(model, tmp_path, *, response_length: int, max_turns: int = 8, contex
         f"+cuda_agent.episode.repeat_limit={repeat_limit}", "+cuda_agent.concurrency=2"])
 
 
-def _verl_returns(config, out):
-    """The output through verl's worker postprocessing and GAE: (returns, response_mask, rm_scores)."""
+def _verl_returns(config, out, *others):
+    """`out` (in a batch with `others`) through verl's worker postprocessing and GAE: its
+    (returns, response_mask, rm_scores)."""
     import asyncio
 
     import torch
@@ -52,8 +53,8 @@ def _verl_returns(config, out):
     from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 
     worker = AgentLoopWorker(config, llm_client=None)
-    internal = asyncio.run(worker._agent_loop_postprocess(out, validate=False, raw_prompt=[]))
-    batch = worker._postprocess([internal]).batch
+    internal = [asyncio.run(worker._agent_loop_postprocess(o, validate=False, raw_prompt=[])) for o in (out, *others)]
+    batch = worker._postprocess(internal).batch
     scores, mask = batch["rm_scores"], batch["response_mask"]
     _, returns = compute_gae_advantage_return(scores, torch.zeros_like(scores), mask, gamma=1.0, lam=1.0)
     return returns[0], mask[0], scores[0]
@@ -149,3 +150,12 @@ def test_the_episodes_folder_must_be_absolute_and_writable(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="not writable"):   # a file where a folder should be (root ignores modes)
         check_episodes_dir(tmp_path / "file" / "eps")
+
+
+def test_an_error_before_any_model_token_gives_verl_an_empty_response(tiny, tmp_path):
+    # nothing was sampled: verl pads an empty response and GAE has no model token to train
+    config, out = _episode(tiny, tmp_path, [RuntimeError("the server went away")], response_length=4096)
+    assert out.response_ids == [] and out.response_mask == []
+    _, other = _episode(tiny, tmp_path / "other", [WRITE_GOOD, SUBMIT], response_length=4096)
+    returns, mask, _ = _verl_returns(config, out, other)   # a batch of one without model tokens cannot whiten
+    assert int(mask.sum()) == 0 and returns.abs().sum() == 0

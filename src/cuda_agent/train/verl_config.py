@@ -260,8 +260,9 @@ def _trainer(c: VerlLaunch, stage: Stage) -> dict:
                   "actor_rollout_ref.rollout.val_kwargs.temperature": 1.0,
                   "data.val_batch_size": c.train_batch_size})
     elif stage == "critic":
-        # every step a critic warm-up step: verl updates the critic only, the actor stays the RFT actor
-        t.update({"trainer.total_training_steps": c.critic_steps, "trainer.critic_warmup": c.critic_steps,
+        # every step a critic warm-up step: verl updates the actor once critic_warmup <= the step
+        # (counted from 1), so one more than the steps run keeps the RFT actor untouched
+        t.update({"trainer.total_training_steps": c.critic_steps, "trainer.critic_warmup": c.critic_steps + 1,
                   "trainer.total_epochs": c.epochs, "trainer.save_freq": c.critic_steps})
     else:
         t["trainer.total_epochs"] = c.epochs
