@@ -82,7 +82,8 @@ def judge_actor(judge: dict, pool: dict | None = None, *, gpus: int = 0, max_con
     if gpus < 0:
         raise ValueError(f"judge gpus must be 0 or more, got {gpus}")
     if gpus and judge.get("device", "cuda") != "cuda":
-        raise ValueError(f"judge gpus={gpus} asked for a {judge.get('device')!r} judge: only the cuda backend uses GPUs")
+        raise ValueError(f"judge gpus={gpus} asked for a {judge.get('device')!r} judge: "
+                         "only the cuda backend uses GPUs")
     node = ray.get_runtime_context().get_node_id()
     actor = ray.remote(JudgeActor).options(
         name=f"cuda_agent_judge_{node}", get_if_exists=True, lifetime="detached", num_cpus=0, num_gpus=gpus,

@@ -222,7 +222,8 @@ def prepare_cmd(
 
 @train_app.command("verl-config")
 def verl_config_cmd(
-    out_dir: Annotated[Path, typer.Option("--out", help="folder for the stage scripts, agent_loop.yaml and README.txt")],
+    out_dir: Annotated[Path, typer.Option("--out", help="folder for the stage scripts, agent_loop.yaml and "
+                                          "README.txt")],
     config: Annotated[Optional[Path], typer.Option("--config", help="a TOML/JSON file with a [verl] table of "
                                                    "VerlLaunch fields")] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", help="a node layout with sizes that fit it: "

@@ -166,7 +166,8 @@ class CudaAgentLoop(AgentLoopBase):
         with cls._lock:
             if cls._executor is None or cls._executor_size < self.concurrency:
                 old = cls._executor
-                cls._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cuda-agent-episode")
+                cls._executor = ThreadPoolExecutor(max_workers=self.concurrency,
+                                                   thread_name_prefix="cuda-agent-episode")
                 cls._executor_size = self.concurrency
                 if old is not None:
                     old.shutdown(wait=False)   # its running episodes finish; new ones go to the larger pool
