@@ -44,6 +44,8 @@ def test_prepare_and_verl_config(tmp_path):
     assert run("prepare", "--out", str(tmp_path / "d2"), "--mode", "bogus").exit_code == 2
     assert run("prepare", "--out", str(tmp_path / "d3"), "--tasks", str(tmp_path / "missing.py")).exit_code == 2
     res = run("verl-config", "--out", str(tmp_path / "launch"))
-    assert res.exit_code == 2 and "actor" in res.output and "data" in res.output
-    res = run("verl-config", "--out", str(tmp_path / "launch"), "-c", "actor=/m", "-c", f"data={tmp_path / 'data'}")
+    assert res.exit_code == 2 and "base_model" in res.output and "out" in res.output
+    res = run("verl-config", "--out", str(tmp_path / "launch"), "--preset", "one-node", "-c", "base_model=/m",
+              "-c", f"out={tmp_path / 'run'}", "-c", f"data={tmp_path / 'data'}")
     assert res.exit_code == 0 and (tmp_path / "launch" / "ppo.sh").exists()
+    assert (tmp_path / "launch" / "README.txt").exists()

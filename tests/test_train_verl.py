@@ -41,17 +41,20 @@ def test_single_turn_rows_ask_for_a_whole_module(tmp_path):
 
 
 def test_launch_configs_name_the_loop_the_critic_and_the_long_context(tmp_path):
-    files = write_verl_configs(VerlLaunch(actor="/m/rft", critic="/m/critic", data="/d"), tmp_path)
+    files = write_verl_configs(VerlLaunch(base_model="/m/base", actor="/m/rft", critic="/m/critic", data="/d",
+                                          out=str(tmp_path / "run")), tmp_path)
     names = {p.name for p in files}
-    assert names == {"agent_loop.yaml", "warmup.sh", "rft.sh", "critic.sh", "ppo.sh"}
+    assert names == {"agent_loop.yaml", "prepare.sh", "warmup.sh", "collect.sh", "rft.sh", "critic.sh", "ppo.sh",
+                     "README.txt"}
     ppo = (tmp_path / "ppo.sh").read_text()
     for line in ["algorithm.adv_estimator=gae", "critic.model.path=/m/critic", "rollout.calculate_log_probs=true",
                  "rollout_correction.rollout_is=token", "max_assistant_turns=150", "max_model_len=131072",
-                 "agent_loop_config_path=", "ulysses_sequence_parallel_size=8"]:
+                 "agent_loop_config_path=", "ulysses_sequence_parallel_size=8", "'trainer.logger=[console]'",
+                 "trainer.val_before_train=false", f"+cuda_agent.episodes_dir={tmp_path / 'run' / 'episodes' / 'ppo'}"]:
         assert line in ppo, line
     assert "cuda_agent.train.verl_loop.CudaAgentLoop" in (tmp_path / "agent_loop.yaml").read_text()
     rft = (tmp_path / "rft.sh").read_text()
-    assert "data.messages_key=messages" in rft and "CudaAgentSFTDataset" in rft
+    assert "data.messages_key=messages" in rft and "CudaAgentSFTDataset" in rft and "optim.lr=1e-05" in rft
 
 
 # ---------------------------------------------------------------------------------------------

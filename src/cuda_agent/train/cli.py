@@ -227,24 +227,30 @@ def prepare_cmd(
 
 @train_app.command("verl-config")
 def verl_config_cmd(
-    out_dir: Annotated[Path, typer.Option("--out", help="folder for agent_loop.yaml and the stage scripts")],
+    out_dir: Annotated[Path, typer.Option("--out", help="folder for the stage scripts, agent_loop.yaml and "
+                                          "README.txt")],
     config: Annotated[Optional[Path], typer.Option("--config", help="a TOML/JSON file with a [verl] table of "
                                                    "VerlLaunch fields")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="a node layout with sizes that fit it: "
+                                                  "one-node (8 GPUs, 7B-class coder, vLLM, 2 GPUs judge)")] = None,
     set_: SetOpt = None,
 ) -> None:
-    """Write the verl launch scripts of the four stages (warmup.sh, rft.sh, critic.sh, ppo.sh) and
-    agent_loop.yaml; every setting is a readable override on verl's command line. Required fields:
-    actor, data (e.g. -c actor=/models/rft -c data=/data/cuda-agent)."""
-    from cuda_agent.settings import SettingsError, load
+    """Write the verl launch scripts of every stage in order (prepare, warmup, collect, rft, critic,
+    ppo; each training stage ends with verl's model merger, so its output is the next one's input),
+    agent_loop.yaml and a README.txt listing every command and what it produces. Every setting is a
+    readable override on verl's command line. Required: base_model and out, an absolute folder every
+    node shares (e.g. --preset one-node -c base_model=/models/coder-7b -c out=/shared/run1)."""
+    from cuda_agent.settings import SettingsError
 
-    from .verl_config import VerlLaunch, write_verl_configs
+    from .verl_config import launch_settings, write_verl_configs
 
     try:
-        launch = load(VerlLaunch, config, set_ or [], section="verl", what="verl launch settings")
-    except SettingsError as exc:
+        launch = launch_settings(preset, config, set_ or [])
+    except (SettingsError, ValueError) as exc:
         _fail(str(exc))
     for path in write_verl_configs(launch, out_dir):
         out.print(str(path))
+    out.print(f"run the stages in the order README.txt lists: {out_dir / 'README.txt'}")
 
 
 @train_app.command("toy")

@@ -59,8 +59,10 @@ def filter_episodes(eps: list[EpisodeRecord], f: RFTFilter) -> tuple[list[Episod
 
 def sft_rows(eps: list[EpisodeRecord]) -> list[dict]:
     """verl's multi-turn SFT rows: `messages` in OpenAI form (tool calls structured, their arguments
-    as JSON text so every row has one parquet type; chat templates print a string argument as is)
-    and `tools` as JSON text (the schemas' varying structures do not fit one parquet type)."""
+    as JSON text so every row has one parquet type; chat templates print a string argument as is),
+    `tools` as JSON text (the schemas' varying structures do not fit one parquet type), and the
+    episode's tokens, `input_ids` (prompt + response) and `loss_mask` (1 on the model's tokens),
+    which `verl_sft.CudaAgentSFTDataset` trains on as sampled."""
     rows = []
     for ep in eps:
         messages = []
@@ -72,7 +74,10 @@ def sft_rows(eps: list[EpisodeRecord]) -> list[dict]:
                                for c in m.get("tool_calls") or []] or None,
                 "tool_call_id": m.get("tool_call_id"), "name": m.get("name")})
         rows.append({"messages": messages, "tools": json.dumps(ep.tools), "episode_id": ep.id,
-                     "task_id": ep.task_id, "reward": ep.reward})
+                     "task_id": ep.task_id, "reward": ep.reward,
+                     # the sampled tokens themselves: SFT trains on these (verl_sft.CudaAgentSFTDataset)
+                     "input_ids": list(ep.prompt_ids) + list(ep.response_ids),
+                     "loss_mask": [0] * len(ep.prompt_ids) + list(ep.response_mask)})
     return rows
 
 

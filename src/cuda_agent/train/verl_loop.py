@@ -17,7 +17,10 @@ logprobs.
 
 Settings come from a `cuda_agent` table in verl's config (`+cuda_agent.episode.max_turns=150`,
 `+cuda_agent.judge.device=cuda`, ...; see `verl_config.py`): `episode` (EpisodeConfig), `judge`
-(JudgeConfig), `reward` (RewardConfig), `pool` (PoolConfig), `workdir`.
+(JudgeConfig), `reward` (RewardConfig), `pool` (PoolConfig), `workdir`, `episodes_dir` (an absolute
+folder every node can write, checked at start), `judge_gpus` (GPUs per node Ray reserves for the
+judge; 0: it shares the node's) and `concurrency` (episodes one rollout worker runs at once: the
+size of the loop's own thread pool; the default pool would cap it at min(32, cores + 4)).
 
 Import this module only where verl is installed (the `train` extra or verl's own environment).
 """
@@ -25,10 +28,13 @@ Import this module only where verl is installed (the `train` extra or verl's own
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import tempfile
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +47,30 @@ from cuda_agent.reward import RewardConfig
 from cuda_agent.rollout.ray_judge import RayEvaluator, judge_actor
 from cuda_agent.tasks import Task
 
-from .episode import ChatRenderer, EpisodeConfig, Generation, run_agentic_episode, run_single_turn_episode
+from cuda_agent.rollout.engine import Engine, EngineConfig
+from cuda_agent.rollout.outcome import JudgeFailure
+from cuda_agent.rollout.tokens import TokenFront
+
+from .episode import ChatRenderer, EpisodeConfig, EpisodeRecord, Generation, _record, run_single_turn_episode
+
+log = logging.getLogger(__name__)
+
+
+def check_episodes_dir(path: str | os.PathLike) -> Path:
+    """The shared episodes folder, made if missing: absolute (every node and the later stages read
+    the same path) and writable, else ValueError before any episode runs."""
+    folder = Path(path)
+    if not folder.is_absolute():
+        raise ValueError(f"cuda_agent.episodes_dir must be an absolute path on storage every node shares, "
+                         f"got {str(path)!r}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-check-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"cuda_agent.episodes_dir {folder} is not writable here: {exc}") from exc
+    return folder
 
 
 def _plain(node) -> dict:
@@ -92,6 +121,10 @@ class CudaAgentLoop(AgentLoopBase):
     # node's JudgeActor through Ray
     gate_factory = None
     _gates: dict[str, Any] = {}
+    # one thread per episode in flight, shared by the worker's loops (verl makes one per sample)
+    _executor: ThreadPoolExecutor | None = None
+    _executor_size = 0
+    _lock = threading.Lock()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -102,7 +135,12 @@ class CudaAgentLoop(AgentLoopBase):
         self.pool_settings = settings.get("pool", {})
         self.workdir = Path(settings.get("workdir") or tempfile.gettempdir()) / "cuda-agent-verl"
         # every episode is also appended here (one file per process), the input of rft and critic
-        self.episodes_dir = Path(settings["episodes_dir"]) if settings.get("episodes_dir") else None
+        self.episodes_dir = check_episodes_dir(settings["episodes_dir"]) if settings.get("episodes_dir") else None
+        self.judge_gpus = int(settings.get("judge_gpus", 0))
+        self.concurrency = int(settings.get("concurrency", 64))
+        if self.concurrency < 1 or self.judge_gpus < 0:
+            raise ValueError(f"cuda_agent.concurrency must be >= 1 and judge_gpus >= 0, got {self.concurrency} "
+                             f"and {self.judge_gpus}")
         rollout = self.config.actor_rollout_ref.rollout
         self.response_length = int(rollout.response_length)
         # the episode itself stays within verl's response_length: nothing is cut afterwards, so it
@@ -117,10 +155,23 @@ class CudaAgentLoop(AgentLoopBase):
             if CudaAgentLoop.gate_factory is not None:
                 gate = CudaAgentLoop.gate_factory(self.judge_config)
             else:
-                gate = RayEvaluator(judge_actor(self.judge_config.model_dump(mode="json"), self.pool_settings),
-                                    self.judge_config)
+                gate = RayEvaluator(judge_actor(self.judge_config.model_dump(mode="json"), self.pool_settings,
+                                                gpus=self.judge_gpus), self.judge_config)
             CudaAgentLoop._gates[key] = gate
         return gate
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The episodes' threads: `concurrency` of them (grown, never shrunk, if a later loop asks more)."""
+        cls = CudaAgentLoop
+        with cls._lock:
+            if cls._executor is None or cls._executor_size < self.concurrency:
+                old = cls._executor
+                cls._executor = ThreadPoolExecutor(max_workers=self.concurrency,
+                                                   thread_name_prefix="cuda-agent-episode")
+                cls._executor_size = self.concurrency
+                if old is not None:
+                    old.shutdown(wait=False)   # its running episodes finish; new ones go to the larger pool
+            return cls._executor
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         extra = kwargs.get("extra_info") or {}
@@ -131,9 +182,11 @@ class CudaAgentLoop(AgentLoopBase):
         policy = ServerPolicy(self.server_manager, sampling_params, loop, self.tokenizer.eos_token_id, episode_id)
         renderer = ChatRenderer(self.tokenizer)
         gate = self._gate()
-        episode = await loop.run_in_executor(None, self._episode, task, mode, gate, policy, renderer, episode_id)
+        episode = await loop.run_in_executor(self._pool(), self._episode, task, mode, gate, policy, renderer,
+                                             episode_id)
+        # asked of the node's judge actor once (a Ray call): off the event loop
+        shared = await loop.run_in_executor(self._pool(), lambda: getattr(gate, "gpu_shared", None))
         if self.episodes_dir is not None:
-            self.episodes_dir.mkdir(parents=True, exist_ok=True)
             with (self.episodes_dir / f"{socket.gethostname()}-{os.getpid()}.jsonl").open("a") as fh:
                 fh.write(episode.model_dump_json() + "\n")
         if len(episode.response_ids) > self.response_length:   # the episode's own bound makes this a bug
@@ -148,7 +201,8 @@ class CudaAgentLoop(AgentLoopBase):
             extra_fields={"reward_extra_info": {"reward_reason": episode.reward_reason,
                                                 "termination": episode.termination, "turns": episode.turns,
                                                 "correct": episode.correct, "judge_s": episode.judge_s,
-                                                "hacking": episode.hacking}})
+                                                "hacking": episode.hacking,
+                                                "judge_gpu_shared": shared}})
 
     def _episode(self, task: Task, mode: str, gate, policy: ServerPolicy, renderer: ChatRenderer, episode_id: str):
         if mode == "single_turn":
@@ -158,9 +212,40 @@ class CudaAgentLoop(AgentLoopBase):
         create_workspace(task, ws, gate.device)
         box = Toolbox(task, ws, gate, reward=self.reward_config)   # the reward shown is the reward trained on
         try:
-            return run_agentic_episode(task, box, policy, renderer, self.episode_config, episode_id=episode_id)
+            return self._agentic(task, box, policy, renderer, episode_id)
         finally:
             box.close()
             from .rollout import remove_workspace
 
             remove_workspace(ws)
+
+    def _agentic(self, task: Task, box: Toolbox, policy: ServerPolicy, renderer: ChatRenderer,
+                 episode_id: str) -> EpisodeRecord:
+        """The agentic episode (as `episode.run_agentic_episode`), except that an error other than
+        a judge that cannot work (a failed generation request, a bug) does not fail verl's whole
+        step: the episode is kept as data (termination "error"), with the reward of what was
+        judged before it, on its last model token."""
+        c = self.episode_config
+        front = TokenFront(policy, renderer, c.limits(), session=episode_id)
+        engine = Engine(box, front, EngineConfig(max_turns=c.max_turns, repeat_warn=c.repeat_warn,
+                                                 repeat_limit=c.repeat_limit, judge_at_end=True))
+        res = engine.run()
+        if isinstance(res.error, JudgeFailure):   # nothing was measured: training on it would be noise
+            raise res.error
+        if res.error is not None:
+            log.warning("episode %s (%s) ended in an error, kept with reward %s: %s", episode_id, task.name,
+                        res.reward, res.outcome.message)
+        return ends_on_model_token(_record(task, "agentic", 0, episode_id, front, res))
+
+
+def ends_on_model_token(ep: EpisodeRecord) -> EpisodeRecord:
+    """`ep` without trailing observation tokens. verl puts the reward on the last response token and
+    GAE drops rewards on mask-0 tokens; only an episode cut by an error (observations rendered for a
+    generation that failed) can end on them."""
+    n = len(ep.response_mask)
+    while n and ep.response_mask[n - 1] == 0:
+        n -= 1
+    if n == len(ep.response_mask):
+        return ep
+    return ep.model_copy(update={"response_ids": ep.response_ids[:n], "response_mask": ep.response_mask[:n],
+                                 "response_logprobs": ep.response_logprobs[:n]})
