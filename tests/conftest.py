@@ -34,6 +34,7 @@ SLOW_MODULES = frozenset({
     "test_pool_ray.py",           # starts a local Ray instance and a Ray actor per worker (~90 s)
     "test_serve_e2e.py",          # the service judges C++ candidates, is killed and restarted
     "test_train_bench.py",        # ten-turn agentic episodes of a model through the real tools (~1 min on CPU)
+    "test_train_collect.py",      # the collect stage with the tiny model through the real tools
 })
 
 # Single slow tests in modules that are otherwise fast (module file name -> test function names).

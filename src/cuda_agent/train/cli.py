@@ -36,7 +36,7 @@ StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=1, help="rollout
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="the judge's backend: cuda or cpu")]
 TrainDeviceOpt = Annotated[Optional[str], typer.Option("--train-device", help="torch device of actor and critic")]
 EpisodesOpt = Annotated[Optional[list[Path]], typer.Option("--episodes", help="episode JSONL files or folders "
-                                                           "(default: OUT/../warmup/episodes)")]
+                                                           "(default: OUT/../collect/episodes, else OUT/../warmup/episodes)")]
 
 
 def _fail(message: str, code: int = 2):
@@ -98,7 +98,8 @@ class _Bar:
             self.progress.console.print(f"{what}: {shown}")
 
 
-def _rollout(mode: str, config, set_, out_dir: Path, **flags) -> None:
+def _rollout(mode: str, config, set_, out_dir: Path, *, collect: bool = False, **flags) -> None:
+    """A stage that runs episodes through a judge pool: warmup/ppo (rollout_stage) or collect."""
     _need_transformers()
     from cuda_agent.judge import JudgeError
     from cuda_agent.pool import Pool, PoolConfig, PoolError
@@ -115,7 +116,12 @@ def _rollout(mode: str, config, set_, out_dir: Path, **flags) -> None:
                 gate = MemoEvaluator(gate)
             try:
                 with _Bar() as bar:
-                    metrics = rollout_stage(cfg, out_dir, gate, mode=mode, progress=bar)
+                    if collect:
+                        from .collect import collect_stage
+
+                        metrics = collect_stage(cfg, out_dir, gate, mode=mode, progress=bar)
+                    else:
+                        metrics = rollout_stage(cfg, out_dir, gate, mode=mode, progress=bar)
             finally:
                 gate.close()
     except (StageError, TaskError) as exc:
@@ -123,8 +129,9 @@ def _rollout(mode: str, config, set_, out_dir: Path, **flags) -> None:
     except (JudgeError, PoolError) as exc:
         _fail(f"the judge could not work: {exc}", 3)
     last = metrics[-1] if metrics else {}
+    where = f"episodes in {out_dir / 'episodes'}" if collect else f"final model in {out_dir / 'final'}"
     out.print(f"{len(metrics)} steps in {out_dir}; last reward mean {last.get('reward_mean', float('nan')):.3f}, "
-              f"pass rate {last.get('pass_rate', float('nan')):.2f}; final model in {out_dir / 'final'}")
+              f"pass rate {last.get('pass_rate', float('nan')):.2f}; {where}")
 
 
 @train_app.command("warmup")
@@ -148,6 +155,22 @@ def ppo_cmd(out_dir: OutOpt, config: ConfigOpt = None, set_: SetOpt = None, mode
     (token-in/token-out, observation tokens masked), the judge's milestone reward on the last
     model token, GAE with the pre-trained critic (or ppo.estimator grpo/rloo, no critic)."""
     _rollout("agentic", config, set_, out_dir, model=model, critic=critic, tasks=tasks, steps=steps, device=device,
+             train_device=train_device)
+
+
+@train_app.command("collect")
+def collect_cmd(out_dir: OutOpt, config: ConfigOpt = None, set_: SetOpt = None, model: ModelOpt = None,
+                tasks: TasksOpt = None, steps: StepsOpt = None, device: DeviceOpt = None,
+                train_device: TrainDeviceOpt = None,
+                mode: Annotated[str, typer.Option("--mode", help="agentic (multi-turn, the default) or "
+                                                  "single_turn")] = "agentic") -> None:
+    """Stages 2 and 3's data: run a model (normally the warm-up's final actor) over the tasks for
+    --steps steps of episodes_per_step episodes, through the same engine, tools and judge as ppo,
+    without updating it. Writes OUT/episodes/step-N.jsonl (what `rft --episodes` and `critic
+    --episodes` read) and OUT/metrics.jsonl; a rerun resumes after the last written step."""
+    if mode not in ("agentic", "single_turn"):
+        _fail(f"--mode must be agentic or single_turn, not {mode!r}")
+    _rollout(mode, config, set_, out_dir, collect=True, model=model, tasks=tasks, steps=steps, device=device,
              train_device=train_device)
 
 

@@ -39,7 +39,7 @@ class TrainConfig(BaseModel):
     levels: list[int] = Field(default_factory=list, description="KernelBench levels to keep (empty: all)")
     limit: int | None = Field(None, ge=1, description="use only the first N tasks (after the seeded shuffle)")
     episodes: list[str] = Field(default_factory=list, description="rft/critic: episode JSONL files or folders "
-                                                                  "(default: OUT/../warmup/episodes)")
+                                                                  "(default: OUT/../collect/episodes, else OUT/../warmup/episodes)")
     train_device: str = Field("cpu", description="torch device of the actor and critic: cpu, cuda, cuda:1")
     seed: int = Field(0, description="task order, sampling and mini-batch order")
     steps: int = Field(10, ge=1, description="warmup/ppo: rollout-and-update steps")

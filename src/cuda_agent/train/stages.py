@@ -206,7 +206,11 @@ def rollout_stage(cfg: TrainConfig, out: Path, gate, *, mode: str, progress: Pro
 
 
 def _episodes(cfg: TrainConfig, out: Path) -> list[EpisodeRecord]:
-    sources = cfg.episodes or [str(out.parent / "warmup" / "episodes")]
+    # the recipe's order: collect's agentic episodes where that stage ran beside this one, else the
+    # warm-up's own episodes
+    default = next((out.parent / d / "episodes" for d in ("collect", "warmup") if (out.parent / d / "episodes").exists()),
+                   out.parent / "collect" / "episodes")
+    sources = cfg.episodes or [str(default)]
     try:
         return read_episodes(sources)
     except FileNotFoundError as exc:
