@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 
 from cuda_agent import pysource
 
@@ -71,6 +72,30 @@ MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes",
                 "traceback", "logging", "unittest", "tempfile", "zipfile", "tarfile", "glob", "pathlib",
                 "linecache", "copyreg", "dis", "python_multiprocessing", "contextvars", "concurrent",
                 "platform", "weakref", "pdb", "bdb", "runpy", "pkgutil", "zipimport", "faulthandler"}
+# Modules reached as an attribute of another module, by rule rather than by a list of their
+# usual names: every module of the standard library and the numeric libraries a candidate could
+# compute with, under any owner but a method's own `self` (what a candidate stored there it already
+# had). Left out: names that are also ordinary attributes of tensors or torch (`x.chunk`,
+# `x.select`, `torch.random`, `torch.trace`, `torch.types`), which reach no foreign module.
+_FOREIGN_MODULE_NAMES = frozenset(getattr(sys, "stdlib_module_names", ())) | {
+    "numpy", "np", "scipy", "sympy", "mpmath", "numba", "cupy", "jax", "tensorflow", "triton", "einops",
+    "numexpr", "pandas", "sklearn", "cffi", "psutil", "pyarrow", "ml_dtypes", "opt_einsum", "networkx"}
+_TENSOR_NAMES_NOT_MODULES = frozenset({"chunk", "select", "random", "trace", "types"})
+
+
+def foreign_module_attrs(policy: str) -> frozenset[str]:
+    """Attribute names refused as ways to modules the policy does not let a candidate import."""
+    tops = {m.split(".")[0] for m in allowed_imports(policy)}
+    if "numpy" in tops:
+        tops.add("np")
+    return frozenset(n for n in _FOREIGN_MODULE_NAMES - tops - _TENSOR_NAMES_NOT_MODULES if not n.startswith("_"))
+
+
+# libtorch reads any file the process can read into a tensor (a library's symbol table, whose
+# offsets make every function in it reachable from an imported anchor): no candidate needs it.
+FILE_ATTRS = {"from_file"}
+# Decorators under which a method still receives its own instance as `self`
+SELF_KEEPING_DECORATORS = {"property", "torch.no_grad()", "torch.inference_mode()", "torch.enable_grad()"}
 # Methods the interpreter calls on its own schedule (an object's death, a generator dropped while
 # suspended inside a `with` block), not when the candidate's forward calls them.
 FINALISERS = {"__del__", "__exit__", "__aexit__"}
@@ -112,25 +137,48 @@ def source_encoding(source: str) -> str | None:
 
 
 def method_self_nodes(tree: ast.Module) -> set[int]:
-    """ids of the `self` names that are a method's own first parameter (not a nested function's or
-    lambda's parameter of that name, which can be bound to anything)."""
+    """ids of the `self` names that stand for a method's own instance: the first parameter of a
+    method of a class the candidate defined, undecorated (or under a decorator that keeps the
+    binding), never rebound, read in the method or in a function nested in it that does not bind
+    a `self` of its own. A plain function's parameter named `self`, a staticmethod's, or one a
+    decorator fills can be bound to any object (a library module), so `self._x` on it is the
+    private attribute of whatever that is."""
     out: set[int] = set()
 
-    def visit(node: ast.AST) -> None:
+    def binds_self(fn) -> bool:
+        a = fn.args
+        return any(x.arg == "self" for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x)
+
+    def visit(node: ast.AST, found: list) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue  # another scope: its own `self`, if any, is not the method's
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and binds_self(child):
+                continue  # another scope with a `self` of its own
             if isinstance(child, ast.Name) and child.id == "self":
-                out.add(id(child))
-            visit(child)
+                found.append(child)
+            visit(child, found)
 
     for cls in ast.walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         for fn in cls.body:
-            if isinstance(fn, ast.FunctionDef) and fn.args.args and fn.args.args[0].arg == "self":
-                visit(fn)
+            if not (isinstance(fn, ast.FunctionDef) and fn.args.args and fn.args.args[0].arg == "self"):
+                continue
+            if any(ast.unparse(d) not in SELF_KEEPING_DECORATORS for d in fn.decorator_list):
+                continue
+            found: list = []
+            visit(fn, found)
+            if any(not isinstance(n.ctx, ast.Load) for n in found):
+                continue  # rebound somewhere (`self = torch`): no longer the instance
+            out.update(id(n) for n in found)
     return out
+
+
+def class_methods(tree: ast.Module) -> dict[str, set[str]]:
+    """{class defined in the module: its methods that take the instance as `self`}. Reached through
+    the class (`ModelNew.helper(torch)`), such a method runs with any object as its `self`."""
+    return {cls.name: {fn.name for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.args.args
+                       and fn.args.args[0].arg == "self" and fn.name not in ALLOWED_DUNDERS}
+            for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)}
 
 
 def check_python(source: str, policy: str) -> list[str]:
@@ -148,6 +196,8 @@ def check_python(source: str, policy: str) -> list[str]:
         out.append(f"line 1: a source encoding other than UTF-8 ('{encoding}') is not allowed: the judge checks "
                    f"the text as UTF-8, the interpreter would decode it otherwise")
     own_self = method_self_nodes(tree)
+    methods_of = class_methods(tree)
+    foreign = foreign_module_attrs(policy)
     direct_callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
 
     def check_attr(node: ast.AST, owner: ast.AST, attr: str) -> None:
@@ -156,12 +206,18 @@ def check_python(source: str, policy: str) -> list[str]:
         elif attr.startswith("__") and attr.endswith("__"):
             add(node, f"access to '{attr}' is not allowed")
         elif (attr.startswith("_") and attr not in ALLOWED_PRIVATE
-              and not (isinstance(owner, ast.Name) and owner.id == "self")):
-            add(node, f"access to private attribute '{attr}' is not allowed")
+              and not (isinstance(owner, ast.Name) and id(owner) in own_self)):
+            add(node, f"access to private attribute '{attr}' is not allowed"
+                      + (" (only on a method's own self)" if isinstance(owner, ast.Name) and owner.id == "self" else ""))
         elif attr in FRAME_ATTRS:
             add(node, f"frame access '{attr}' is not allowed")
-        elif attr in MODULE_ATTRS:
+        elif attr in MODULE_ATTRS or (attr in foreign and not (isinstance(owner, ast.Name) and id(owner) in own_self)):
             add(node, f"reaching module '{attr}' through an attribute is not allowed")
+        elif attr in FILE_ATTRS:
+            add(node, f"'{attr}' (reading a file into a tensor) is not allowed")
+        elif isinstance(owner, ast.Name) and attr in methods_of.get(owner.id, ()):
+            add(node, f"'{owner.id}.{attr}' (a method taken from its class, callable with any object as self) "
+                      f"is not allowed")
 
     for node in ast.walk(tree):
         for ann in _string_annotations(node):
@@ -284,6 +340,11 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
             out.append(f"line {node.lineno}: the reference Model may not be used (no fallback)")
     for fn in _compute_functions(tree):
         where = getattr(fn, "name", "a lambda")
+        for op in ast.walk(fn):
+            # `A @ B` is no call, yet it is a GEMM on tensors (nothing else in a glue module has
+            # one); `*` and `+` on tensors are left to the observer, since on sizes they are not compute
+            if isinstance(op, (ast.BinOp, ast.AugAssign)) and isinstance(op.op, ast.MatMult):
+                out.append(f"line {op.lineno}: tensor compute '@' in {where} (strict policy)")
         for call in ast.walk(fn):
             if not isinstance(call, ast.Call):
                 continue
@@ -360,6 +421,82 @@ _CPP_ALWAYS = [
      "system headers for loading, processes, threads or files"),
 ]
 
+# Code reached by address. An allowed import into libtorch (or the vendor libraries it loads) is an
+# anchor from which every function there can be found: by a fixed offset, by walking the mapped ELF
+# image, or from the library's file read from disk. Calling what was found always takes one step
+# honest kernels never need: turning data (an integer, a `void*`, bytes copied from memory) into a
+# function. Choosing among the candidate's own kernels is a pointer initialised from a function's
+# name, and handing a kernel to the runtime (`(const void*)kernel`) converts the other way, so both
+# stay allowed, and so do data pointer casts (`reinterpret_cast<float4*>`). Refused: casts whose
+# target is a function type written out (`(*)(`, `(&)(`, a function type as a template argument),
+# named by a typedef/using of one, or `decltype`; bit casts to them; unions holding a function
+# pointer; bytes copied into (or the address taken of) a function pointer variable; and the ways
+# to the loader's own tables (link maps, program headers, auxiliary vector, /proc). A regular
+# expression does not type-check C++: a template parameter instantiated with a function type
+# elsewhere is a gap this scan narrows (function types as template arguments are refused) but does
+# not close; the import table (`check_binary`) and the observers stay in place behind it.
+_CASTS = r"(?:reinterpret_cast|static_cast|const_cast|dynamic_cast|bit_cast)\s*<"
+_FN_DECL = r"\(\s*(?:__\w+\s+)?[*&^]\s*(?:const\s*)?\)\s*\("   # (*)( : a function pointer/reference type
+_CPP_BY_ADDRESS = [
+    (_CASTS + r"[^;{}]*?" + _FN_DECL, "a cast to a function pointer type"),
+    (_CASTS + r"\s*(?:const\s+)?(?:typename\s+)?decltype\b", "a cast to a decltype'd type"),
+    (r"\(\s*(?:const\s+)?decltype\s*\([^;]*?\)\s*[*&]*\s*\)\s*[\w(&*]", "a cast to a decltype'd type"),
+    (r"\(\s*(?:const\s+)?[\w:]+(?:\s*[*&])*\s*" + _FN_DECL + r"[^()]*\)\s*\)\s*[\w(&*]",
+     "a cast to a function pointer type"),
+    (r"(?<!function)<\s*(?:const\s+)?[\w:]+[\s*&]*" + _FN_DECL, "a function pointer type as a template argument"),
+    (r"(?<!function)<\s*(?:const\s+)?[\w:]+[\s*&]*\([^()<>;]*\)\s*[*&]?\s*>", "a function type as a template argument"),
+    (r"\b__builtin_bit_cast\b|\b__builtin_(?:launder|dynamic_object_size|frame_address|return_address|extract_return_addr)\b",
+     "bit casts and addresses the compiler does not check"),
+    (r"\bunion\b[^{};]*\{[^{}]*" + r"\(\s*\*", "a union holding a function pointer"),
+    (r"\b(?:dl_iterate_phdr|dladdr1?|dlinfo|link_map|_r_debug|r_debug|_DYNAMIC|__ehdr_start|__executable_start|"
+     r"getauxval|AT_PHDR|AT_BASE|AT_SYSINFO_EHDR|_dl_\w+|__libc_\w+|ElfW|Elf(?:32|64)_\w+)\b",
+     "the dynamic loader's tables or ELF images"),
+]
+# In the raw text (string literals kept): paths into the process's own description
+_CPP_RAW_PATHS = re.compile(r"/proc/|/sys/|/dev/(?:mem|kmem)|\.so\b")
+
+
+def _named_function_types(code: str) -> tuple[set[str], set[str]]:
+    """Names of function (pointer) types declared by typedef or using, and names of variables,
+    members and parameters declared with a function pointer type (inline or by such a name)."""
+    types = set(re.findall(r"\btypedef\b[^;{}]*?\(\s*[*&^]?\s*(\w+)\s*\)\s*\(", code))
+    for name, rhs in re.findall(r"\busing\s+(\w+)\s*=\s*([^;{}]*)", code):
+        rhs = rhs.strip()
+        # a function type, a pointer or reference to one, or a decltype (`decltype(&at::foo)`);
+        # arithmetic aliases (`std::conditional<...>::type`) are left alone
+        if re.search(_FN_DECL, rhs) or re.fullmatch(r"[\w:\s<>,*&]+\([^()]*\)\s*(?:noexcept)?", rhs) \
+                or rhs.startswith("decltype"):
+            types.add(name)
+    values = set(re.findall(r"\(\s*[*&]\s*(?:const\s*)?(\w+)\s*(?:\[[^\]]*\])?\s*\)\s*\(", code))
+    for t in types:
+        values |= set(re.findall(rf"\b{re.escape(t)}\s*[*&]*\s*(?:const\s+)?(\w+)\s*[=;,)\[{{]", code))
+    return types, values - {"const"}
+
+
+def code_by_address(source: str) -> list[tuple[int, str, str]]:
+    """(offset, text, why) of each construct that turns data into a function (see above)."""
+    code = strip_cpp(source)
+    found = [(m.start(), m.group(0), why) for pattern, why in _CPP_BY_ADDRESS for m in re.finditer(pattern, code)]
+    found += [(m.start(), m.group(0), "paths to the process's own maps, memory or libraries")
+              for m in _CPP_RAW_PATHS.finditer(re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S))
+              if _in_string_literal(source, m.start())]
+    types, values = _named_function_types(code)
+    for t in types:
+        for m in re.finditer(_CASTS + rf"\s*(?:const\s+)?{re.escape(t)}\b|\(\s*(?:const\s+)?{re.escape(t)}\s*[*&]*\s*\)"
+                             rf"\s*[\w(&*]", code):
+            found.append((m.start(), m.group(0), f"a cast to the function type '{t}'"))
+    for v in values:
+        for m in re.finditer(rf"\bmem(?:cpy|move|set)\s*\(\s*(?:\([^()]*\)\s*)?&?\s*{re.escape(v)}\b|(?<![&\w])&\s*{re.escape(v)}\b",
+                             code):
+            found.append((m.start(), m.group(0), f"writing the function pointer '{v}' as bytes"))
+    return sorted(found)
+
+
+def _in_string_literal(source: str, pos: int) -> bool:
+    line = source[source.rfind("\n", 0, pos) + 1: pos]
+    return line.count('"') % 2 == 1
+
+
 _ALLOWED_QUALIFIED = re.compile(
     r"^(torch|at|c10)::("
     r"Tensor|TensorOptions|Scalar|ScalarType|Device|DeviceType|IntArrayRef|ArrayRef|optional|nullopt|"
@@ -408,6 +545,10 @@ def check_cpp(source: str, where: str, policy: str) -> list[str]:
             line = text.count("\n", 0, m.start()) + 1
             out.append(f"{where}:{line}: {what} ('{m.group(0).strip()}') is not allowed")
             break
+    for pos, text, what in code_by_address(source)[:3]:
+        line = source.count("\n", 0, pos) + 1
+        out.append(f"{where}:{line}: {what} ('{' '.join(text.split())[:60]}') is not allowed: functions are reached "
+                   f"by name, never by an address computed from data")
     if policy == "strict":
         code = strip_cpp(source)
         for m in re.finditer(r"\b(?:torch|at|c10)(?:::\w+)+", code):
