@@ -636,6 +636,12 @@ class Judge:
             reply: CallReply = answered if answered is not None else session.recv(until, f"call {i}")
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
+            # The output and every clock at one instant: the output is copied out of memory the
+            # candidate can still write first, and the process's CPU clocks are read after that
+            # copy, so that whatever work the copy saw (a thread team that goes on writing after
+            # the reply) is on the clock; what it did not see is not judged, and a change after
+            # it fails the call (`_late_writes`).
+            at_reply = _outputs_at_reply(session, reply) if judged and reply.get("ok") else None
             cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
             busiest_ms = waited_ms = None
             steady = False
@@ -661,7 +667,7 @@ class Judge:
             measured = cpu_ms if cpu_ms is not None else wall_ms
             if judged:
                 got, cmp = self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, ev,
-                                            deadline, expected64=expected64)
+                                            deadline, expected64=expected64, got=at_reply)
                 if role == "check" and cmp.approximate:
                     roles.insert(i - first_index + 1, "probe")  # the next call repeats this one, perturbed
                     probe_base = {"inputs": inputs, "got": got, "expected": expected, "expected64": expected64,
@@ -679,6 +685,9 @@ class Judge:
                     else:
                         self._check_pair(session, i, role, base, got, expected)
                         pair_first = None
+                late = _late_writes(session, reply, at_reply)
+                if late:
+                    raise _Stop(FC.TIMING, f"call {i}: {late}")
                 split["check"] += time.perf_counter() - t_reply
             if role == "timed" and claimed is not None:
                 inside.append(claimed)
@@ -737,7 +746,8 @@ class Judge:
 
     def _check_call(self, session: Session, i: int, role: str, inputs: list, meta: list, expected: list,
                     reply: CallReply, claimed: float | None, measured: float, ev: Evaluation, deadline: float,
-                    expected64: list | None = None) -> None:
+                    expected64: list | None = None, got: list | None = None) -> None:
+        """`got`: the outputs as taken at the reply (`_outputs_at_reply`); None reads them here."""
         cfg = self.config
         plane = session.plane
         v = ev.verdict
@@ -755,13 +765,14 @@ class Judge:
         if changed:
             v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")
             raise _Stop(FC.TAMPERING, v.policy_violations[-1])
-        try:
-            got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
-                         self.device if session.shared is not None else "cpu")
-        except TransportError as exc:
-            raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
-        if session.shared is not None:  # views of memory the candidate can still write: snapshot first
-            got = [snapshot(g) for g in got]
+        if got is None:
+            try:
+                got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
+                             self.device if session.shared is not None else "cpu")
+            except TransportError as exc:
+                raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
+            if session.shared is not None:  # views of memory the candidate can still write: snapshot first
+                got = [snapshot(g) for g in got]
         cmp = compare_outputs(expected, got, atol=cfg.atol, rtol=cfg.rtol, max_rel_l2=cfg.max_rel_l2,
                               expected64=expected64, noise_multiple=cfg.ref_noise_multiple,
                               rel_l2_ceiling=cfg.max_rel_l2_ceiling,
@@ -1020,6 +1031,40 @@ class Judge:
         changed = changed_input(sent, back)
         if changed:
             raise _Stop(FC.MISMATCH, f"call {i}: forward modified {changed} in place")
+
+
+def _outputs_at_reply(session: Session, reply: dict) -> list | None:
+    """A private copy of a call's outputs, taken as soon as the reply is read (the data plane, and
+    on CUDA the GPU region, stay writable by the candidate process). None where the reply's
+    layout is unusable: the check then reads it again and fails the call with the reason."""
+    plane = session.plane
+    try:
+        got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
+                     "cuda" if session.shared is not None else "cpu")
+    except TransportError:
+        return None
+    if session.shared is not None:
+        got = [snapshot(g) for g in got]
+        torch.cuda.synchronize()  # the copy complete now, not whenever the check reads it
+    return got
+
+
+def _late_writes(session: Session, reply: dict, at_reply: list | None) -> str | None:
+    """Why the outputs in the candidate's reach differ from the copy taken at the reply (work that
+    went on after the call answered), or None. Compared bytewise, so NaN outputs compare too."""
+    if at_reply is None:
+        return None
+    now = _outputs_at_reply(session, reply)
+    if now is None or len(now) != len(at_reply):
+        return "the output's layout changed after the reply"
+    for k, (a, b) in enumerate(zip(leaves(at_reply), leaves(now))):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            same = a.shape == b.shape and a.dtype == b.dtype and (
+                a.numel() == 0 or torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+            if not same:
+                return (f"output {k} changed after the call replied: work that finished after the reply is "
+                        f"outside the call's clock")
+    return None
 
 
 def _cpu_ns(pid: int) -> int:
