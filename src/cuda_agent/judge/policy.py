@@ -96,6 +96,12 @@ def foreign_module_attrs(policy: str) -> frozenset[str]:
 FILE_ATTRS = {"from_file"}
 # Decorators under which a method still receives its own instance as `self`
 SELF_KEEPING_DECORATORS = {"property", "torch.no_grad()", "torch.inference_mode()", "torch.enable_grad()"}
+# Protocols through which another library takes a tensor's memory (or an object posing as one)
+# without any bridge the observer marks: defining them in a class hands NumPy or DLPack consumers
+# raw addresses. Refused by definition under the strict policy, whoever would consume them.
+ARRAY_PROTOCOLS = {"__array_interface__", "__array_struct__", "__array__", "__array_function__",
+                   "__array_ufunc__", "__array_priority__", "__cuda_array_interface__", "__dlpack__",
+                   "__dlpack_device__", "__buffer__", "__release_buffer__"}
 # Methods the interpreter calls on its own schedule (an object's death, a generator dropped while
 # suspended inside a `with` block), not when the candidate's forward calls them.
 FINALISERS = {"__del__", "__exit__", "__aexit__"}
@@ -251,6 +257,13 @@ def check_python(source: str, policy: str) -> list[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in FINALISERS:
             add(node, f"defining '{node.name}' is not allowed: it runs when its object dies or its generator "
                       f"is dropped, which can be inside the judge's own work, outside the call's clock and observer")
+        if strict and isinstance(node, ast.ClassDef):
+            defined = {t.id for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+            defined |= {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            for name in sorted(defined & ARRAY_PROTOCOLS):
+                add(node, f"defining '{name}' is not allowed: it hands memory to another library's compute "
+                          f"(strict policy)")
         if strict and isinstance(node, ast.Name) and node.id == "self" and isinstance(node.ctx, (ast.Store, ast.Del)):
             add(node, "rebinding 'self' is not allowed (strict policy)")
         if isinstance(node, ast.Import):
@@ -392,7 +405,8 @@ _CPP_ALWAYS = [
      "placing code or data in a section of its own"),
     (r"\bsyscall\b|\bfork\b|\bvfork\b|\bexec[lv]p?e?\b|\bsystem\s*\(|\bpopen\b|\bposix_spawn\w*|\bkill\s*\(",
      "processes"),
-    (r"std::thread|std::async|std::jthread|pthread_\w+|(?<![.>\w])\s*\bclone\s*\(", "threads"),
+    (r"std::thread|std::async|std::jthread|pthread_\w+|(?<![.>\w])\s*\bclone\s*\(|\bGOMP_\w+|\b__kmpc_\w+",
+     "threads"),
     (r"\bf?open\s*\(|std::[io]?fstream|\bfreopen\b|\bunlink\b|\bremove\s*\(|\brename\s*\(|\bFILE\s*\*"
      r"|\btmpfile\w*\s*\(|\bmkstemp\w*|\bmkdtemp\b|\btempnam\b|\btmpnam\b|\bfdopen\b",
      "file access"),
@@ -609,7 +623,11 @@ _DENY_ALWAYS = [
     (re.compile(r"^(fork|vfork|forkpty|clone3?|exec[lv]p?e?|execvpe|fexecve|system|popen|posix_spawnp?|daemon|"
                 r"login_tty|openpty)$"), "process creation"),
     (re.compile(r"^(pthread_create|thrd_create)$|^at::(launch|intraop_launch|internal::launch\w*)$|"
-                r"^c10::ThreadPool::|^at::get_thread_pool|^at::PTThreadPool"), "thread creation or background tasks"),
+                r"^c10::ThreadPool::|^at::get_thread_pool|^at::PTThreadPool|"
+                # libgomp's pre-4.9 entry points start a team and return before it ends (the caller
+                # ends it later with GOMP_parallel_end): a team left working after the call replied.
+                # Compilers since GCC 4.9 emit GOMP_parallel, which returns once the team is done.
+                r"^GOMP_parallel\w*_start$|^GOMP_parallel_end$"), "thread creation or background tasks"),
     (re.compile(r"^(dlopen|dlmopen|dlsym|dlvsym|dl_iterate_phdr|dladdr1?|mprotect|mmap(64)?|mremap|syscall|ptrace|"
                 r"process_vm_readv|process_vm_writev|prctl|personality)$"), "loading, patching or raw system calls"),
     (re.compile(r"^(open(64)?|openat(64)?|creat(64)?|fopen(64)?|freopen(64)?|fdopen|unlink(at)?|rename(at2?)?|"
