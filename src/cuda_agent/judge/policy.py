@@ -458,7 +458,10 @@ _CPP_BY_ADDRESS = [
     (r"\(\s*(?:const\s+)?[\w:]+(?:\s*[*&])*\s*" + _FN_DECL + r"[^()]*\)\s*\)\s*[\w(&*]",
      "a cast to a function pointer type"),
     (r"(?<!function)<\s*(?:const\s+)?[\w:]+[\s*&]*" + _FN_DECL, "a function pointer type as a template argument"),
-    (r"(?<!function)<\s*(?:const\s+)?[\w:]+[\s*&]*\([^()<>;]*\)\s*[*&]?\s*>", "a function type as a template argument"),
+    (r"(?<!function)<\s*(?:const\s+)?(?!(?:sizeof|alignof|decltype|noexcept|alignas)\b)[\w:]+[\s*&]*\([^()<>;]*\)"
+     r"\s*[*&]?\s*>", "a function type as a template argument"),
+    (r"<\s*(?:const\s+)?decltype\s*\(\s*&?\s*[\w:]+\s*\)\s*[*&]?\s*[,>]",
+     "a declared entity's type (decltype(f), decltype(&f)) as a template argument"),
     (r"\b__builtin_bit_cast\b|\b__builtin_(?:launder|dynamic_object_size|frame_address|return_address|extract_return_addr)\b",
      "bit casts and addresses the compiler does not check"),
     (r"\bunion\b[^{};]*\{[^{}]*" + r"\(\s*\*", "a union holding a function pointer"),
