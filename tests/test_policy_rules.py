@@ -268,3 +268,24 @@ def f(m):
     assert sum("reaching module" in f for f in found) == 3, found
     # NumPy is importable under the lenient policy: `numpy` as an attribute is then no way around it
     assert not any("'numpy'" in f for f in check_python(source, "lenient"))
+
+
+def test_operators_on_registered_tensors_are_compute_and_on_sizes_are_not():
+    source = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+        self.register_buffer("b", torch.zeros(4))
+        self.scale = 2.0
+
+    def forward(self, x):
+        rows = x.shape[0] * 2 + int(self.scale)
+        return -self.w, self.b + rows
+'''
+    assert check_python(source, "strict") == [
+        "line 14: tensor compute (an operator on 'self.w') in forward (strict policy)",
+        "line 14: tensor compute (an operator on 'self.b') in forward (strict policy)"]

@@ -348,6 +348,7 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
     python_math = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
                    for a in n.names if a.name == "math"} - rebound
+    tensors = _registered_tensors(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "Model":
             out.append(f"line {node.lineno}: the reference Model may not be used (no fallback)")
@@ -355,9 +356,18 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
         where = getattr(fn, "name", "a lambda")
         for op in ast.walk(fn):
             # `A @ B` is no call, yet it is a GEMM on tensors (nothing else in a glue module has
-            # one); `*` and `+` on tensors are left to the observer, since on sizes they are not compute
+            # one). Other operators are compute where an operand is surely a tensor (a parameter or
+            # buffer the module registered); on sizes and scalars they are not, and what they do on
+            # input tensors the observer sees (its switch is reachable only by address, refused above)
             if isinstance(op, (ast.BinOp, ast.AugAssign)) and isinstance(op.op, ast.MatMult):
                 out.append(f"line {op.lineno}: tensor compute '@' in {where} (strict policy)")
+            elif isinstance(op, (ast.BinOp, ast.AugAssign, ast.UnaryOp)):
+                operands = [op.left, op.right] if isinstance(op, ast.BinOp) else \
+                    [op.target, op.value] if isinstance(op, ast.AugAssign) else [op.operand]
+                hit = next((ast.unparse(x) for x in operands if isinstance(x, ast.Attribute)
+                            and isinstance(x.value, ast.Name) and x.value.id == "self" and x.attr in tensors), None)
+                if hit:
+                    out.append(f"line {op.lineno}: tensor compute (an operator on '{hit}') in {where} (strict policy)")
         for call in ast.walk(fn):
             if not isinstance(call, ast.Call):
                 continue
@@ -374,6 +384,22 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
             elif head and last in TENSOR_COMPUTE_METHODS:
                 out.append(f"line {call.lineno}: tensor compute '.{last}()' in {where} (strict policy)")
     return list(dict.fromkeys(out))  # a nested function is read on its own and inside its parent
+
+
+def _registered_tensors(tree: ast.Module) -> set[str]:
+    """Attributes of `self` that are surely tensors: assigned an `nn.Parameter(...)`, or registered
+    with `register_buffer("name", ...)`/`register_parameter("name", ...)`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                ast.unparse(node.value.func) in {"nn.Parameter", "torch.nn.Parameter", "Parameter"}:
+            names |= {t.attr for t in node.targets if isinstance(t, ast.Attribute)
+                      and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in {"register_buffer", "register_parameter"} and node.args and \
+                isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            names.add(node.args[0].value)
+    return names
 
 
 def _compute_functions(tree: ast.Module) -> list[ast.AST]:
