@@ -80,12 +80,13 @@ MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes",
 _FOREIGN_MODULE_NAMES = frozenset(getattr(sys, "stdlib_module_names", ())) | {
     "numpy", "np", "scipy", "sympy", "mpmath", "numba", "cupy", "jax", "tensorflow", "triton", "einops",
     "numexpr", "pandas", "sklearn", "cffi", "psutil", "pyarrow", "ml_dtypes", "opt_einsum", "networkx"}
-_TENSOR_NAMES_NOT_MODULES = frozenset({"chunk", "select", "random", "trace", "types"})
+_TENSOR_NAMES_NOT_MODULES = frozenset({"chunk", "select", "random", "trace", "types",
+                                       "copy"})  # dict.copy(), list.copy(); the copy module computes nothing
 
 
 def foreign_module_attrs(policy: str) -> frozenset[str]:
     """Attribute names refused as ways to modules the policy does not let a candidate import."""
-    tops = {m.split(".")[0] for m in allowed_imports(policy)}
+    tops = {part for m in allowed_imports(policy) for part in m.split(".")}  # `collections.abc` as imported
     if "numpy" in tops:
         tops.add("np")
     return frozenset(n for n in _FOREIGN_MODULE_NAMES - tops - _TENSOR_NAMES_NOT_MODULES if not n.startswith("_"))
