@@ -1033,17 +1033,18 @@ class Judge:
             raise _Stop(FC.MISMATCH, f"call {i}: forward modified {changed} in place")
 
 
-def _outputs_at_reply(session: Session, reply: dict) -> list | None:
+def _outputs_at_reply(session: Session, reply: dict, private: bool = True) -> list | None:
     """A private copy of a call's outputs, taken as soon as the reply is read (the data plane, and
     on CUDA the GPU region, stay writable by the candidate process). None where the reply's
-    layout is unusable: the check then reads it again and fails the call with the reason."""
+    layout is unusable: the check then reads it again and fails the call with the reason.
+    `private` False: views of the GPU region where there is one (the host plane is always copied)."""
     plane = session.plane
     try:
         got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
                      "cuda" if session.shared is not None else "cpu")
     except TransportError:
         return None
-    if session.shared is not None:
+    if session.shared is not None and private:
         got = [snapshot(g) for g in got]
         torch.cuda.synchronize()  # the copy complete now, not whenever the check reads it
     return got
@@ -1054,7 +1055,7 @@ def _late_writes(session: Session, reply: dict, at_reply: list | None) -> str | 
     went on after the call answered), or None. Compared bytewise, so NaN outputs compare too."""
     if at_reply is None:
         return None
-    now = _outputs_at_reply(session, reply)
+    now = _outputs_at_reply(session, reply, private=False)  # read once, no second copy of the outputs
     if now is None or len(now) != len(at_reply):
         return "the output's layout changed after the reply"
     for k, (a, b) in enumerate(zip(leaves(at_reply), leaves(now))):
