@@ -160,6 +160,10 @@ BY_ADDRESS = {
     "a function pointer type as a template argument":
         "template<class F> F as(long a){ return (F)a; }\nvoid f(long a){ as<void(*)(int)>(a)(1); }",
     "a union holding a function pointer": "union U { long a; void (*f)(int); };",
+    "data cast to a struct holding a function pointer":
+        "struct S { int k; void (*f)(int); };\nvoid g(long a){ reinterpret_cast<S*>(&a)->f(1); }",
+    "a forged object of a class with virtual functions":
+        "struct V { virtual void f(int); };\nstruct W { V v; };\nvoid g(long* a){ ((W*)a)->v.f(1); }",
     "the process's maps by path": "const char* p = \"/proc/self/maps\";",
     "the loader's tables": "#include <cstddef>\nextern \"C\" int dl_iterate_phdr(void*, void*);\nvoid f(){ dl_iterate_phdr(0, 0); }",
 }

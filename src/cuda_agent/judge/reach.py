@@ -96,6 +96,17 @@ def _named_function_types(code: str) -> tuple[set[str], set[str]]:
         if re.search(_FN_DECL, rhs) or re.fullmatch(r"[\w:\s<>,*&]+\([^()]*\)\s*(?:noexcept)?", rhs) \
                 or rhs.startswith("decltype"):
             types.add(name)
+    # A class that holds a function pointer, or has virtual functions (whose table a forged object
+    # points anywhere), is a function type too where data is cast to it; so is a class holding one.
+    bodies = dict(re.findall(r"\b(?:struct|class|union)\s+(\w+)[^{};]*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}", code))
+    grown = True
+    while grown:
+        grown = False
+        for name, body in bodies.items():
+            if name not in types and (re.search(_FN_DECL + r"|\(\s*\*\s*\w+\s*\)\s*\(|\bvirtual\b", body)
+                                      or any(re.search(rf"\b{re.escape(t)}\b", body) for t in types)):
+                types.add(name)
+                grown = True
     values = set(re.findall(r"\(\s*[*&]\s*(?:const\s*)?(\w+)\s*(?:\[[^\]]*\])?\s*\)\s*\(", code))
     for t in types:
         values |= set(re.findall(rf"\b{re.escape(t)}\s*[*&]*\s*(?:const\s+)?(\w+)\s*[=;,)\[{{]", code))
@@ -113,7 +124,7 @@ def code_by_address(source: str) -> list[tuple[int, str, str]]:
     for t in types:
         for m in re.finditer(_CASTS + rf"\s*(?:const\s+)?{re.escape(t)}\b|\(\s*(?:const\s+)?{re.escape(t)}\s*[*&]*\s*\)"
                              rf"\s*[\w(&*]", code):
-            found.append((m.start(), m.group(0), f"a cast to the function type '{t}'"))
+            found.append((m.start(), m.group(0), f"a cast to '{t}' (a function type, or a class holding a function pointer or virtual functions)"))
     for v in values:
         for m in re.finditer(rf"\bmem(?:cpy|move|set)\s*\(\s*(?:\([^()]*\)\s*)?&?\s*{re.escape(v)}\b|(?<![&\w])&\s*{re.escape(v)}\b",
                              code):
