@@ -642,7 +642,8 @@ class Judge:
             # the reply) is on the clock; what it did not see is not judged, and a change after
             # it fails the call (`_late_writes`).
             at_reply = _outputs_at_reply(session, reply) if judged and reply.get("ok") else None
-            cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
+            cpu_at_reply = (time.perf_counter(), _cpu_ns(proc.pid)) if dev == "cpu" else None
+            cpu_ms = (cpu_at_reply[1] - cpu_before) / 1e6 if cpu_at_reply is not None else None
             busiest_ms = waited_ms = None
             steady = False
             if bounded:
@@ -700,7 +701,11 @@ class Judge:
                     session.waited_ms.append(waited_ms)
                     session.wall_steady.append(steady)
                 session.methods.append(str(reply.get("timing") or "events")[:16])
-            idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
+            # On the CPU backend the candidate's idle time starts where its call's clock stopped:
+            # CPU it uses while the judge checks the call is counted, not only CPU between calls.
+            # A probe's call is left out: its `restore` is the harness's work in that process.
+            idle_mark = cpu_at_reply if cpu_at_reply is not None and role != "probe" else \
+                (time.perf_counter(), _cpu_ns(proc.pid))
         if judged:
             for k, x in split.items():
                 if k != "device_wait" or self._device_lock is not None:
