@@ -73,9 +73,6 @@ MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes",
                 "traceback", "logging", "unittest", "tempfile", "zipfile", "tarfile", "glob", "pathlib",
                 "linecache", "copyreg", "dis", "python_multiprocessing", "contextvars", "concurrent",
                 "platform", "weakref", "pdb", "bdb", "runpy", "pkgutil", "zipimport", "faulthandler"}
-# libtorch reads any file the process can read into a tensor (a library's symbol table, whose
-# offsets make every function in it reachable from an imported anchor): no candidate needs it.
-FILE_ATTRS = {"from_file"}
 # Decorators under which a method still receives its own instance as `self`
 SELF_KEEPING_DECORATORS = {"property", "torch.no_grad()", "torch.inference_mode()", "torch.enable_grad()"}
 # Protocols through which another library takes a tensor's memory (or an object posing as one)
@@ -201,8 +198,6 @@ def check_python(source: str, policy: str) -> list[str]:
             add(node, f"frame access '{attr}' is not allowed")
         elif attr in MODULE_ATTRS or (attr in foreign and not (isinstance(owner, ast.Name) and id(owner) in own_self)):
             add(node, f"reaching module '{attr}' through an attribute is not allowed")
-        elif attr in FILE_ATTRS:
-            add(node, f"'{attr}' (reading a file into a tensor) is not allowed")
         elif isinstance(owner, ast.Name) and attr in methods_of.get(owner.id, ()):
             add(node, f"'{owner.id}.{attr}' (a method taken from its class, callable with any object as self) "
                       f"is not allowed")
