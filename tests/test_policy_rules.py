@@ -266,3 +266,153 @@ def test_vendor_kernels_need_the_tasks_allowance_whoever_issued_them():
     assert "outside the policy" in check_kernel_owners(fft, "strict", frozenset({"gemm", "conv"}), TORCH_DIR)[0]
     # an issuer the walk did not reach, and no vendor library: left to the name rules
     assert check_kernel_owners(_owners(k=[DRIVER], j=[""]), "strict", frozenset(), TORCH_DIR) == []
+
+
+# ---------------------------------------------------------------------- code reached by address
+BY_ADDRESS = {
+    "a C-style cast to a typedef'd function pointer":
+        "typedef void (*gemm_t)(const char*);\nvoid f(long a){ gemm_t g = (gemm_t)(a + 0x1234); g(\"N\"); }",
+    "reinterpret_cast to a function pointer type":
+        "void f(long a){ auto g = reinterpret_cast<void(*)(int)>(a); g(1); }",
+    "a cast to a function type named by using":
+        "using F = void(int);\nvoid f(void* a){ auto g = reinterpret_cast<F*>(a); g(1); }",
+    "bytes copied into a function pointer":
+        "void f(long a){ void (*g)(int); memcpy(&g, &a, 8); g(1); }",
+    "a cast to a decltype'd type":
+        "void f(long a){ auto g = reinterpret_cast<decltype(&at::get_num_threads)>(a); g(); }",
+    "a function pointer type as a template argument":
+        "template<class F> F as(long a){ return (F)a; }\nvoid f(long a){ as<void(*)(int)>(a)(1); }",
+    "a union holding a function pointer": "union U { long a; void (*f)(int); };",
+    "data cast to a struct holding a function pointer":
+        "struct S { int k; void (*f)(int); };\nvoid g(long a){ reinterpret_cast<S*>(&a)->f(1); }",
+    "a forged object of a class with virtual functions":
+        "struct V { virtual void f(int); };\nstruct W { V v; };\nvoid g(long* a){ ((W*)a)->v.f(1); }",
+    "the process's maps by path": "const char* p = \"/proc/self/maps\";",
+    "the loader's tables": "#include <cstddef>\nextern \"C\" int dl_iterate_phdr(void*, void*);\nvoid f(){ dl_iterate_phdr(0, 0); }",
+}
+HONEST_POINTERS = r'''
+#include <cstdint>
+#include <functional>
+struct alignas(16) f4 { float x, y, z, w; };
+__global__ void k1(const float* x, float* y, int64_t n) { y[0] = x[0]; }
+__global__ void k2(const float* x, float* y, int64_t n) { y[0] = x[0]; }
+template <typename T> struct Acc { using acc_t = typename std::conditional<(sizeof(T) < 4), float, T>::type; };
+void run(const float* x, float* y, int64_t n) {
+  void (*kernel)(const float*, float*, int64_t) = reinterpret_cast<uintptr_t>(x) % 16 ? k1 : k2;
+  cudaFuncSetAttribute((const void*)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 0);
+  const f4* v = reinterpret_cast<const f4*>(x);
+  auto h = reinterpret_cast<const __half2*>(y);
+  std::function<void(int)> cb;
+  float s = static_cast<Acc<float>::acc_t>(v[0].x);
+  kernel<<<1, 1>>>(x, y, n);
+}
+'''
+
+
+def test_functions_reached_by_address_are_refused_by_construct():
+    for what, source in BY_ADDRESS.items():
+        found = check_cpp(source, "k.cpp", "lenient")
+        assert any("never by an address computed from data" in f for f in found), (what, found)
+
+
+def test_function_pointers_from_names_and_data_pointer_casts_stay_allowed():
+    assert check_cpp(HONEST_POINTERS, "k.cu", "strict") == []
+
+
+def test_a_team_left_running_is_refused_in_source_and_import_table():
+    from cuda_agent.judge.policy import check_binary
+
+    assert check_cpp('extern "C" void GOMP_parallel_start(void (*)(void*), void*, unsigned);', "k.cpp", "strict")
+    refused = check_binary(["GOMP_parallel_start", "GOMP_parallel_end", "GOMP_parallel", "omp_get_thread_num"],
+                           "strict", "cpu")
+    assert [r.split("'")[1] for r in refused] == ["GOMP_parallel_start", "GOMP_parallel_end"], refused
+
+
+# ------------------------------------------------------------------ private attributes and NumPy
+SELF_RULES = '''import math
+import torch
+import torch.nn as nn
+
+
+def peek(self):
+    return self._C
+
+
+class Helper(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._scale = 2.0
+        self._describe = lambda: self._scale
+
+    @property
+    def scale(self):
+        return self._scale
+
+    @staticmethod
+    def grab(self):
+        return self._utils
+
+    def plain(self, x):
+        return x.chunk(2)[0], x.select(0, 0), torch.random, math.pi
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4, 4) @ torch.ones(4, 4))
+
+    def forward(self, a, b):
+        Helper.plain(torch, a)
+        return torch.storage.io, torch.serialization.struct, a @ b
+'''
+
+
+def test_private_attributes_only_on_a_methods_own_self_and_foreign_modules_by_rule():
+    found = check_python(SELF_RULES, "strict")
+    assert found == [
+        "line 7: access to private attribute '_C' is not allowed (only on a method's own self)",
+        "line 22: access to private attribute '_utils' is not allowed (only on a method's own self)",
+        "line 34: 'Helper.plain' (a method taken from its class, callable with any object as self) is not allowed",
+        "line 35: reaching module 'io' through an attribute is not allowed",
+        "line 35: reaching module 'struct' through an attribute is not allowed",
+        "line 35: tensor compute '@' in forward (strict policy)",
+    ], found
+
+
+def test_numpy_by_any_attribute_and_array_protocols_are_refused():
+    source = '''import torch
+
+
+class View:
+    __array_interface__ = {}
+
+
+def f(m):
+    return m.numpy, m.np, m.scipy
+'''
+    found = check_python(source, "strict")
+    assert any("'__array_interface__'" in f for f in found), found
+    assert sum("reaching module" in f for f in found) == 3, found
+    # NumPy is importable under the lenient policy: `numpy` as an attribute is then no way around it
+    assert not any("'numpy'" in f for f in check_python(source, "lenient"))
+
+
+def test_operators_on_registered_tensors_are_compute_and_on_sizes_are_not():
+    source = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+        self.register_buffer("b", torch.zeros(4))
+        self.scale = 2.0
+
+    def forward(self, x):
+        rows = x.shape[0] * 2 + int(self.scale)
+        return -self.w, self.b + rows
+'''
+    assert check_python(source, "strict") == [
+        "line 14: tensor compute (an operator on 'self.w') in forward (strict policy)",
+        "line 14: tensor compute (an operator on 'self.b') in forward (strict policy)"]

@@ -685,7 +685,14 @@ class Judge:
             reply: CallReply = answered if answered is not None else session.recv(until, f"call {i}")
             t_reply = time.perf_counter()
             wall_ms = (t_reply - t_send) * 1e3
-            cpu_ms = (_cpu_ns(proc.pid) - cpu_before) / 1e6 if dev == "cpu" else None
+            # The output and every clock at one instant: the output is copied out of memory the
+            # candidate can still write first, and the process's CPU clocks are read after that
+            # copy, so that whatever work the copy saw (a thread team that goes on writing after
+            # the reply) is on the clock; what it did not see is not judged, and a change after
+            # it fails the call (`_late_writes`).
+            at_reply = _outputs_at_reply(session, reply) if judged and reply.get("ok") else None
+            cpu_at_reply = (time.perf_counter(), _cpu_ns(proc.pid)) if dev == "cpu" else None
+            cpu_ms = (cpu_at_reply[1] - cpu_before) / 1e6 if cpu_at_reply is not None else None
             busiest_ms = waited_ms = None
             steady = False
             if bounded:
@@ -711,7 +718,7 @@ class Judge:
             if judged:
                 got, cmp = self._check_call(session, i, role, inputs, meta, expected, reply, claimed, measured, ev,
                                             deadline, expected64=expected64, draws=draws,
-                                            eval_mode=training is False)
+                                            eval_mode=training is False, got=at_reply)
                 if stoch:  # a training-mode call (draws) has no float64 basis, probe or perturbed pair
                     _stochastic_call(v, stoch, len(draws) if draws is not None else 0, cmp)
                 if draws is not None:
@@ -733,6 +740,9 @@ class Judge:
                     else:
                         self._check_pair(session, i, role, base, got, expected)
                         pair_first = None
+                late = _late_writes(session, reply, at_reply)
+                if late:
+                    raise _Stop(FC.TIMING, f"call {i}: {late}")
                 split["check"] += time.perf_counter() - t_reply
             if role == "timed" and claimed is not None:
                 inside.append(claimed)
@@ -745,7 +755,11 @@ class Judge:
                     session.waited_ms.append(waited_ms)
                     session.wall_steady.append(steady)
                 session.methods.append(str(reply.get("timing") or "events")[:16])
-            idle_mark = (time.perf_counter(), _cpu_ns(proc.pid))
+            # On the CPU backend the candidate's idle time starts where its call's clock stopped:
+            # CPU it uses while the judge checks the call is counted, not only CPU between calls.
+            # A probe's call is left out: its `restore` is the harness's work in that process.
+            idle_mark = cpu_at_reply if cpu_at_reply is not None and role != "probe" else \
+                (time.perf_counter(), _cpu_ns(proc.pid))
         if judged:
             for k, x in split.items():
                 if k != "device_wait" or self._device_lock is not None:
@@ -802,7 +816,9 @@ class Judge:
 
     def _check_call(self, session: Session, i: int, role: str, inputs: list, meta: list, expected: list,
                     reply: CallReply, claimed: float | None, measured: float, ev: Evaluation, deadline: float,
-                    expected64: list | None = None, draws: list | None = None, eval_mode: bool = False) -> None:
+                    expected64: list | None = None, draws: list | None = None, eval_mode: bool = False,
+                    got: list | None = None) -> None:
+        """`got`: the outputs as taken at the reply (`_outputs_at_reply`); None reads them here."""
         cfg = self.config
         plane = session.plane
         v = ev.verdict
@@ -820,13 +836,14 @@ class Judge:
         if changed:
             v.policy_violations.append(f"forward changed global numeric settings: {', '.join(changed)}")
             raise _Stop(FC.TAMPERING, v.policy_violations[-1])
-        try:
-            got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
-                         self.device if session.shared is not None else "cpu")
-        except TransportError as exc:
-            raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
-        if session.shared is not None:  # views of memory the candidate can still write: snapshot first
-            got = [snapshot(g) for g in got]
+        if got is None:
+            try:
+                got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
+                             self.device if session.shared is not None else "cpu")
+            except TransportError as exc:
+                raise _Stop(FC.MISMATCH, f"call {i}: unusable output: {exc}") from None
+            if session.shared is not None:  # views of memory the candidate can still write: snapshot first
+                got = [snapshot(g) for g in got]
         if draws is not None:  # a stochastic reference in training mode: judged as one more draw
             cmp = stochastic.compare_draws(draws, got)
         else:
@@ -1096,6 +1113,41 @@ class Judge:
         changed = changed_input(sent, back)
         if changed:
             raise _Stop(FC.MISMATCH, f"call {i}: forward modified {changed} in place")
+
+
+def _outputs_at_reply(session: Session, reply: dict, private: bool = True) -> list | None:
+    """A private copy of a call's outputs, taken as soon as the reply is read (the data plane, and
+    on CUDA the GPU region, stay writable by the candidate process). None where the reply's
+    layout is unusable: the check then reads it again and fails the call with the reason.
+    `private` False: views of the GPU region where there is one (the host plane is always copied)."""
+    plane = session.plane
+    try:
+        got = unpack(reply.get("outputs"), session.calls, plane.out_offset, plane.out_size,
+                     "cuda" if session.shared is not None else "cpu")
+    except TransportError:
+        return None
+    if session.shared is not None and private:
+        got = [snapshot(g) for g in got]
+        torch.cuda.synchronize()  # the copy complete now, not whenever the check reads it
+    return got
+
+
+def _late_writes(session: Session, reply: dict, at_reply: list | None) -> str | None:
+    """Why the outputs in the candidate's reach differ from the copy taken at the reply (work that
+    went on after the call answered), or None. Compared bytewise, so NaN outputs compare too."""
+    if at_reply is None:
+        return None
+    now = _outputs_at_reply(session, reply, private=False)  # read once, no second copy of the outputs
+    if now is None or len(now) != len(at_reply):
+        return "the output's layout changed after the reply"
+    for k, (a, b) in enumerate(zip(leaves(at_reply), leaves(now))):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            same = a.shape == b.shape and a.dtype == b.dtype and (
+                a.numel() == 0 or torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+            if not same:
+                return (f"output {k} changed after the call replied: work that finished after the reply is "
+                        f"outside the call's clock")
+    return None
 
 
 def _cpu_ns(pid: int) -> int:

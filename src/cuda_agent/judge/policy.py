@@ -25,6 +25,8 @@ import re
 
 from cuda_agent import pysource
 
+from .reach import code_by_address, foreign_module_attrs, strip_cpp
+
 # ---------------------------------------------------------------------------------------------
 # Python
 
@@ -73,6 +75,14 @@ MODULE_ATTRS = {"sys", "os", "gc", "inspect", "builtins", "importlib", "ctypes",
                 "traceback", "logging", "unittest", "tempfile", "zipfile", "tarfile", "glob", "pathlib",
                 "linecache", "copyreg", "dis", "python_multiprocessing", "contextvars", "concurrent",
                 "platform", "weakref", "pdb", "bdb", "runpy", "pkgutil", "zipimport", "faulthandler"}
+# Decorators under which a method still receives its own instance as `self`
+SELF_KEEPING_DECORATORS = {"property", "torch.no_grad()", "torch.inference_mode()", "torch.enable_grad()"}
+# Protocols through which another library takes a tensor's memory (or an object posing as one)
+# without any bridge the observer marks: defining them in a class hands NumPy or DLPack consumers
+# raw addresses. Refused by definition under the strict policy, whoever would consume them.
+ARRAY_PROTOCOLS = {"__array_interface__", "__array_struct__", "__array__", "__array_function__",
+                   "__array_ufunc__", "__array_priority__", "__cuda_array_interface__", "__dlpack__",
+                   "__dlpack_device__", "__buffer__", "__release_buffer__"}
 # Methods the interpreter calls on its own schedule (an object's death, a generator dropped while
 # suspended inside a `with` block), not when the candidate's forward calls them.
 FINALISERS = {"__del__", "__exit__", "__aexit__"}
@@ -114,25 +124,48 @@ def source_encoding(source: str) -> str | None:
 
 
 def method_self_nodes(tree: ast.Module) -> set[int]:
-    """ids of the `self` names that are a method's own first parameter (not a nested function's or
-    lambda's parameter of that name, which can be bound to anything)."""
+    """ids of the `self` names that stand for a method's own instance: the first parameter of a
+    method of a class the candidate defined, undecorated (or under a decorator that keeps the
+    binding), never rebound, read in the method or in a function nested in it that does not bind
+    a `self` of its own. A plain function's parameter named `self`, a staticmethod's, or one a
+    decorator fills can be bound to any object (a library module), so `self._x` on it is the
+    private attribute of whatever that is."""
     out: set[int] = set()
 
-    def visit(node: ast.AST) -> None:
+    def binds_self(fn) -> bool:
+        a = fn.args
+        return any(x.arg == "self" for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x)
+
+    def visit(node: ast.AST, found: list) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue  # another scope: its own `self`, if any, is not the method's
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and binds_self(child):
+                continue  # another scope with a `self` of its own
             if isinstance(child, ast.Name) and child.id == "self":
-                out.add(id(child))
-            visit(child)
+                found.append(child)
+            visit(child, found)
 
     for cls in ast.walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         for fn in cls.body:
-            if isinstance(fn, ast.FunctionDef) and fn.args.args and fn.args.args[0].arg == "self":
-                visit(fn)
+            if not (isinstance(fn, ast.FunctionDef) and fn.args.args and fn.args.args[0].arg == "self"):
+                continue
+            if any(ast.unparse(d) not in SELF_KEEPING_DECORATORS for d in fn.decorator_list):
+                continue
+            found: list = []
+            visit(fn, found)
+            if any(not isinstance(n.ctx, ast.Load) for n in found):
+                continue  # rebound somewhere (`self = torch`): no longer the instance
+            out.update(id(n) for n in found)
     return out
+
+
+def class_methods(tree: ast.Module) -> dict[str, set[str]]:
+    """{class defined in the module: its methods that take the instance as `self`}. Reached through
+    the class (`ModelNew.helper(torch)`), such a method runs with any object as its `self`."""
+    return {cls.name: {fn.name for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.args.args
+                       and fn.args.args[0].arg == "self" and fn.name not in ALLOWED_DUNDERS}
+            for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)}
 
 
 def check_python(source: str, policy: str) -> list[str]:
@@ -150,6 +183,8 @@ def check_python(source: str, policy: str) -> list[str]:
         out.append(f"line 1: a source encoding other than UTF-8 ('{encoding}') is not allowed: the judge checks "
                    f"the text as UTF-8, the interpreter would decode it otherwise")
     own_self = method_self_nodes(tree)
+    methods_of = class_methods(tree)
+    foreign = foreign_module_attrs(importable)
     direct_callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
 
     def check_attr(node: ast.AST, owner: ast.AST, attr: str) -> None:
@@ -158,12 +193,16 @@ def check_python(source: str, policy: str) -> list[str]:
         elif attr.startswith("__") and attr.endswith("__"):
             add(node, f"access to '{attr}' is not allowed")
         elif (attr.startswith("_") and attr not in ALLOWED_PRIVATE
-              and not (isinstance(owner, ast.Name) and owner.id == "self")):
-            add(node, f"access to private attribute '{attr}' is not allowed")
+              and not (isinstance(owner, ast.Name) and id(owner) in own_self)):
+            add(node, f"access to private attribute '{attr}' is not allowed"
+                      + (" (only on a method's own self)" if isinstance(owner, ast.Name) and owner.id == "self" else ""))
         elif attr in FRAME_ATTRS:
             add(node, f"frame access '{attr}' is not allowed")
-        elif attr in MODULE_ATTRS:
+        elif attr in MODULE_ATTRS or (attr in foreign and not (isinstance(owner, ast.Name) and id(owner) in own_self)):
             add(node, f"reaching module '{attr}' through an attribute is not allowed")
+        elif isinstance(owner, ast.Name) and attr in methods_of.get(owner.id, ()):
+            add(node, f"'{owner.id}.{attr}' (a method taken from its class, callable with any object as self) "
+                      f"is not allowed")
 
     for node in ast.walk(tree):
         for ann in _string_annotations(node):
@@ -197,6 +236,13 @@ def check_python(source: str, policy: str) -> list[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in FINALISERS:
             add(node, f"defining '{node.name}' is not allowed: it runs when its object dies or its generator "
                       f"is dropped, which can be inside the judge's own work, outside the call's clock and observer")
+        if strict and isinstance(node, ast.ClassDef):
+            defined = {t.id for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+            defined |= {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            for name in sorted(defined & ARRAY_PROTOCOLS):
+                add(node, f"defining '{name}' is not allowed: it hands memory to another library's compute "
+                          f"(strict policy)")
         if strict and isinstance(node, ast.Name) and node.id == "self" and isinstance(node.ctx, (ast.Store, ast.Del)):
             add(node, "rebinding 'self' is not allowed (strict policy)")
         if isinstance(node, ast.Import):
@@ -281,11 +327,26 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
     python_math = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
                    for a in n.names if a.name == "math"} - rebound
+    tensors = _registered_tensors(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "Model":
             out.append(f"line {node.lineno}: the reference Model may not be used (no fallback)")
     for fn in _compute_functions(tree):
         where = getattr(fn, "name", "a lambda")
+        for op in ast.walk(fn):
+            # `A @ B` is no call, yet it is a GEMM on tensors (nothing else in a glue module has
+            # one). Other operators are compute where an operand is surely a tensor (a parameter or
+            # buffer the module registered); on sizes and scalars they are not, and what they do on
+            # input tensors the observer sees (its switch is reachable only by address, refused above)
+            if isinstance(op, (ast.BinOp, ast.AugAssign)) and isinstance(op.op, ast.MatMult):
+                out.append(f"line {op.lineno}: tensor compute '@' in {where} (strict policy)")
+            elif isinstance(op, (ast.BinOp, ast.AugAssign, ast.UnaryOp)):
+                operands = [op.left, op.right] if isinstance(op, ast.BinOp) else \
+                    [op.target, op.value] if isinstance(op, ast.AugAssign) else [op.operand]
+                hit = next((ast.unparse(x) for x in operands if isinstance(x, ast.Attribute)
+                            and isinstance(x.value, ast.Name) and x.value.id == "self" and x.attr in tensors), None)
+                if hit:
+                    out.append(f"line {op.lineno}: tensor compute (an operator on '{hit}') in {where} (strict policy)")
         for call in ast.walk(fn):
             if not isinstance(call, ast.Call):
                 continue
@@ -302,6 +363,22 @@ def _strict_forward_checks(tree: ast.Module) -> list[str]:
             elif head and last in TENSOR_COMPUTE_METHODS:
                 out.append(f"line {call.lineno}: tensor compute '.{last}()' in {where} (strict policy)")
     return list(dict.fromkeys(out))  # a nested function is read on its own and inside its parent
+
+
+def _registered_tensors(tree: ast.Module) -> set[str]:
+    """Attributes of `self` that are surely tensors: assigned an `nn.Parameter(...)`, or registered
+    with `register_buffer("name", ...)`/`register_parameter("name", ...)`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                ast.unparse(node.value.func) in {"nn.Parameter", "torch.nn.Parameter", "Parameter"}:
+            names |= {t.attr for t in node.targets if isinstance(t, ast.Attribute)
+                      and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in {"register_buffer", "register_parameter"} and node.args and \
+                isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            names.add(node.args[0].value)
+    return names
 
 
 def _compute_functions(tree: ast.Module) -> list[ast.AST]:
@@ -333,7 +410,8 @@ _CPP_ALWAYS = [
      "placing code or data in a section of its own"),
     (r"\bsyscall\b|\bfork\b|\bvfork\b|\bexec[lv]p?e?\b|\bsystem\s*\(|\bpopen\b|\bposix_spawn\w*|\bkill\s*\(",
      "processes"),
-    (r"std::thread|std::async|std::jthread|pthread_\w+|(?<![.>\w])\s*\bclone\s*\(", "threads"),
+    (r"std::thread|std::async|std::jthread|pthread_\w+|(?<![.>\w])\s*\bclone\s*\(|\bGOMP_\w+|\b__kmpc_\w+",
+     "threads"),
     (r"\bf?open\s*\(|std::[io]?fstream|\bfreopen\b|\bunlink\b|\bremove\s*\(|\brename\s*\(|\bFILE\s*\*"
      r"|\btmpfile\w*\s*\(|\bmkstemp\w*|\bmkdtemp\b|\btempnam\b|\btmpnam\b|\bfdopen\b",
      "file access"),
@@ -388,19 +466,6 @@ _TENSOR_METHOD_COMPUTE = re.compile(
     r"half|float|double|bfloat16|max|min)\s*\(")
 
 
-def strip_cpp(source: str) -> str:
-    """Remove comments and string/char literals (keeping line structure) before scanning."""
-    pattern = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
-
-    def blank(m: re.Match) -> str:
-        text = m.group(0)
-        if text.startswith('"') or text.startswith("'"):
-            return text[0] + text[-1]
-        return re.sub(r"[^\n]", " ", text)
-
-    return pattern.sub(blank, source)
-
-
 def check_cpp(source: str, where: str, policy: str) -> list[str]:
     out = []
     # includes are checked before strings are blanked; everything else after
@@ -410,6 +475,10 @@ def check_cpp(source: str, where: str, policy: str) -> list[str]:
             line = text.count("\n", 0, m.start()) + 1
             out.append(f"{where}:{line}: {what} ('{m.group(0).strip()}') is not allowed")
             break
+    for pos, text, what in code_by_address(source)[:3]:
+        line = source.count("\n", 0, pos) + 1
+        out.append(f"{where}:{line}: {what} ('{' '.join(text.split())[:60]}') is not allowed: functions are reached "
+                   f"by name, never by an address computed from data")
     if policy == "strict":
         code = strip_cpp(source)
         for m in re.finditer(r"\b(?:torch|at|c10)(?:::\w+)+", code):
@@ -470,7 +539,11 @@ _DENY_ALWAYS = [
     (re.compile(r"^(fork|vfork|forkpty|clone3?|exec[lv]p?e?|execvpe|fexecve|system|popen|posix_spawnp?|daemon|"
                 r"login_tty|openpty)$"), "process creation"),
     (re.compile(r"^(pthread_create|thrd_create)$|^at::(launch|intraop_launch|internal::launch\w*)$|"
-                r"^c10::ThreadPool::|^at::get_thread_pool|^at::PTThreadPool"), "thread creation or background tasks"),
+                r"^c10::ThreadPool::|^at::get_thread_pool|^at::PTThreadPool|"
+                # libgomp's pre-4.9 entry points start a team and return before it ends (the caller
+                # ends it later with GOMP_parallel_end): a team left working after the call replied.
+                # Compilers since GCC 4.9 emit GOMP_parallel, which returns once the team is done.
+                r"^GOMP_parallel\w*_start$|^GOMP_parallel_end$"), "thread creation or background tasks"),
     (re.compile(r"^(dlopen|dlmopen|dlsym|dlvsym|dl_iterate_phdr|dladdr1?|mprotect|mmap(64)?|mremap|syscall|ptrace|"
                 r"process_vm_readv|process_vm_writev|prctl|personality)$"), "loading, patching or raw system calls"),
     (re.compile(r"^(open(64)?|openat(64)?|creat(64)?|fopen(64)?|freopen(64)?|fdopen|unlink(at)?|rename(at2?)?|"

@@ -284,6 +284,9 @@ def _guarded_getattr(blocked: list[str], policy: str = "strict"):
         found = real(obj, name, *default)
         if isinstance(found, types.ModuleType) and not _module_allowed(found.__name__, allowed):
             refuse(name)
+        if isinstance(obj, type) and getattr(obj, "__module__", None) == "model_new" \
+                and isinstance(found, types.FunctionType):
+            refuse(name)  # a method taken from the candidate's class runs with any object as its self
         return found
 
     getattr_.__name__ = "getattr"
@@ -662,7 +665,19 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         state = unpack(init["state"], plane.view, 0, plane.in_size)
         state = dict(zip(init["state_names"], state))
         torch.manual_seed(init["init_seed"])
+        observer.take(token)  # what the judge's own unpacking ran
         model = model_cls(*init_args)
+        # __init__ is held to forward's rules for what it reaches: the observer must still be on
+        # when it returns (a RecordFunction switch found by address and flipped for a while shows
+        # here as for a call), and NumPy is as foreign to it as to forward (strict policy)
+        observer.sentinel()
+        init_ops = observer.take(token)
+        if observer.SENTINEL not in init_ops:
+            blocked.append("the operator observer was switched off during ModelNew() (its sentinel went unrecorded)")
+            raise RuntimeError(blocked[-1])
+        if obs.NUMPY_MARK in init_ops:
+            blocked.append("NumPy reached during ModelNew() (tensor memory handed to NumPy or back; strict policy)")
+            raise RuntimeError(blocked[-1])
         if not isinstance(model, torch.nn.Module):
             raise TypeError("ModelNew is not a torch.nn.Module")
         own = model.state_dict()
