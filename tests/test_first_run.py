@@ -329,11 +329,14 @@ def test_the_check_can_be_turned_off_for_a_server_with_an_incomplete_list(module
 INSTALL = Path(__file__).resolve().parents[1] / "install-torch.sh"
 
 # A stand-in for the Python the script installs into: torch is not importable, `pip show` reports
-# the build just installed, and every pip command is recorded with the extra-index setting it saw.
+# the build just installed, every pip command is recorded with the extra-index setting it saw, `pip
+# config get` answers $FAKE_INDEX, and with $FAKE_UNREACHABLE PyTorch's index cannot be used.
 FAKE_PYTHON = """#!/bin/bash
 if [[ "$1" == "-" ]]; then exit 1; fi
 if [[ "$1 $2 $3" == "-m pip show" ]]; then echo "Name: torch"; echo "Version: 2.13.0+cpu"; exit 0; fi
-if [[ "$1 $2" == "-m pip" ]]; then echo "pip ${*:3} | extra=[${PIP_EXTRA_INDEX_URL-unset}]" >> "$LOG"; exit 0; fi
+if [[ "$1 $2 $3 $4" == "-m pip config get" ]]; then [[ -n "$FAKE_INDEX" ]] && echo "$FAKE_INDEX"; exit 0; fi
+if [[ "$1 $2" == "-m pip" ]]; then echo "pip ${*:3} | extra=[${PIP_EXTRA_INDEX_URL-unset}]" >> "$LOG";
+  [[ -n "$FAKE_UNREACHABLE" && "$*" == *download.pytorch.org* ]] && exit 1; exit 0; fi
 echo "install-torch: torch 2.13.0+cpu CUDA none (CPU build)"
 """
 
@@ -360,10 +363,21 @@ def run_install(tmp_path: Path, gpu: bool, **env) -> list[str]:
 
 def test_install_torch_takes_the_cpu_build_without_a_gpu(tmp_path):
     calls = run_install(tmp_path, gpu=False)
-    assert calls[0] == ("pip install --no-deps torch>=2.4,<2.15 --index-url https://download.pytorch.org/whl/cpu"
-                        " | extra=[ ]")  # no configured extra index may offer PyPI's CUDA build
+    assert calls[0] == ("pip install --no-deps --retries 0 --timeout 20 torch>=2.4,<2.15 --index-url "
+                        "https://download.pytorch.org/whl/cpu | extra=[ ]")  # no configured extra index may offer PyPI's CUDA build
     assert calls[1] == "pip install torch==2.13.0+cpu | extra=[unset]"  # its dependencies, the build kept
     assert len(calls) == 2
+
+
+def test_install_torch_honours_pips_configured_index_and_an_unreachable_pytorch_index(tmp_path):
+    # an index the user configured is asked first, as for every other package
+    assert run_install(tmp_path, gpu=False, FAKE_INDEX="https://mirror.example/simple") == [
+        "pip install torch>=2.4,<2.15 | extra=[unset]"]
+    # PyTorch's CPU index tried once; where it cannot be used, pip's configured sources
+    calls = run_install(tmp_path, gpu=False, FAKE_UNREACHABLE="1")
+    assert calls[0].startswith("pip install --no-deps --retries 0") and "download.pytorch.org" in calls[0]
+    assert calls[1] == "pip install --no-deps torch>=2.4,<2.15 | extra=[unset]"
+    assert calls[2] == "pip install torch==2.13.0+cpu | extra=[unset]"
 
 
 def test_install_torch_takes_the_cuda_build_with_a_gpu_or_the_index_asked_for(tmp_path):
