@@ -205,3 +205,21 @@ def check_task(source: str, *, device: str = "cpu", sets: int = 30, rel: float =
 def _done(res: CriterionResult, t0: float, failed: str | None, message: str) -> CriterionResult:
     res.filter, res.message, res.seconds = failed, message[:1500], time.monotonic() - t0
     return res
+
+
+def check_payload(source: str, cfg: dict) -> CriterionResult:
+    """`check_task` with a FilterConfig payload's settings, as the synth worker runs it after the
+    runtime window. Out of memory raises (the worker retries at half the BATCH); any other error
+    of the task is its `eager_error`: it fails where the judge draws and runs it (a get_inputs
+    that cannot draw on the device, say), so the judge would fail it too."""
+    from cuda_agent.host import is_out_of_memory
+
+    try:
+        return check_task(source, device=cfg["device"], sets=cfg["criterion_sets"], rel=cfg["criterion_rel"],
+                          seed=cfg["criterion_seed"], sets_per_model=cfg["criterion_sets_per_model"],
+                          screen_rel=cfg["criterion_screen_rel"], sets_suspect=cfg["criterion_sets_suspect"],
+                          tolerance=Tolerance.from_filters(cfg))
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise
+        return CriterionResult(filter="eager_error", message=f"export criterion: {type(exc).__name__}: {str(exc)[:400]}")

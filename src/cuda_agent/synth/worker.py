@@ -21,9 +21,8 @@ Checks, in order (the first failure is the verdict):
   runtime_window         eager median in [min_ms, max_ms], BATCH rescaled toward it first
                          (a size that runs out of GPU memory is backed off toward the last good one)
   (the value checks are repeated on the rescaled task)
-  criterion_*            the export criterion (criterion.py) on the rescaled task as the judge will
-                         draw and compare it: finite, stable under a 1e-6 relative input
-                         perturbation, float64 within the judge's comparison, on 30 fresh sets
+  criterion_*            the export criterion (criterion.py) on the rescaled task, as the judge
+                         draws and compares it
   out_of_memory          any check above ran out of the worker's GPU memory share (the checks after
                          the window first retry at half the BATCH while its time stays in the window)
   compile_error, compile_mismatch   torch.compile output matches eager (judge tolerances)
@@ -49,6 +48,7 @@ from cuda_agent.host import is_out_of_memory, true_fp32
 
 # the ops that jump at a boundary (kept in hazards.py beside the composer's probe; named here too,
 # where the shortcut checks and earlier callers read them)
+from .criterion import check_payload
 from .hazards import DISCONTINUOUS, jumps_at_boundaries  # noqa: F401
 
 INIT_SEED = 1234
@@ -639,18 +639,6 @@ def smaller_batch(source: str, r: Runner, cfg: dict, batches: list[int]) -> tupl
     return source, r, ms
 
 
-def export_criterion(source: str, cfg: dict) -> None:
-    """The export criterion (criterion.py) on the task as exported: the final source, at its size."""
-    from cuda_agent.synth.criterion import Tolerance, check_task
-
-    res = check_task(source, device=cfg["device"], sets=cfg["criterion_sets"], rel=cfg["criterion_rel"],
-                     seed=cfg["criterion_seed"], sets_per_model=cfg["criterion_sets_per_model"],
-                     screen_rel=cfg["criterion_screen_rel"], sets_suspect=cfg["criterion_sets_suspect"],
-                     tolerance=Tolerance.from_filters(cfg))
-    if not res.ok:
-        raise Reject(res.filter, res.message)
-
-
 def compile_check(r: Runner, cfg: dict) -> float:
     from cuda_agent.judge.compare import compare_outputs
 
@@ -708,8 +696,10 @@ def check(source: str, cfg: dict) -> dict:
             try:
                 info = value_checks(r, cfg, full=False)
                 stage("final_values", "criterion" if cfg["criterion"] else ("compile" if cfg["compile"] else ""))
-                if cfg["criterion"]:
-                    export_criterion(final, cfg)
+                crit = check_payload(final, cfg) if cfg["criterion"] else None
+                if crit is not None and not crit.ok:
+                    raise Reject(crit.filter, crit.message)
+                if crit is not None:
                     result["passed"].append("criterion")
                     stage("criterion", "compile" if cfg["compile"] else "")
                 compile_ms = compile_check(r, cfg) if cfg["compile"] else None
