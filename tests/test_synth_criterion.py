@@ -89,6 +89,7 @@ def _seed(name: str):
 
 @pytest.mark.parametrize("name,guard", [
     ("torch.ceil", None), ("torch.floor", None), ("torch.remainder", None), ("torch.sign", None),
+    ("torch.copysign", None), ("torch.histc", None),
     ("nn.Hardshrink", None), ("nn.Threshold", None),
     ("torch.reciprocal", "abs1"), ("torch.addcdiv", "abs1"), ("torch.tan", "sigmoid"),
     ("nn.Tanh", "none"), ("nn.GELU", "none"), ("nn.LocalResponseNorm", "none"), ("torch.log", "abs1")])
