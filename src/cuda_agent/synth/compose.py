@@ -7,7 +7,9 @@ no allocation), and kept only if that works. Rank changes are bridged by glue (`
 `unsqueeze(1)`); ops with a second tensor take an earlier value of the same shape (a residual),
 a learnable parameter broadcast over the batch, or a new input. Every input's first dimension is
 the module constant `BATCH`, which the runtime filter rescales; the whole chain is re-inferred
-with twice the batch so that rescaling cannot break it.
+with twice the batch so that rescaling cannot break it. Each seed is probed once per rank for jumps,
+poles and overflow (hazards.py): it is fed through the first operand guard that makes it safe
+(`abs() + 1`, `sigmoid() + 0.5`, `tanh() * 0.9`) or not composed at all (ceil, remainder, sign).
 
 The LLM composer shows a model the class sources of sampled seeds and asks for one module; its
 output is only a candidate and goes through the same static and execution filters.
