@@ -123,3 +123,19 @@ def test_without_hazard_guards_the_composer_is_the_previous_one():
         guards = [ln.strip() for ln in comp.source.splitlines() if ln.strip().startswith("p") and " = " in ln]
         # the one guard of the previous composer: abs() + 1 for seeds undefined on real inputs
         assert all(g.endswith(".abs() + 1.0") for g in guards), comp.source
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_audits_tasks_fail_and_an_honest_one_passes():
+    """The same on CUDA, where the judge draws inputs on the device (true fp32: no TF32)."""
+    import torch
+
+    from cuda_agent.host import true_fp32
+
+    true_fp32(torch)
+    assert check_task(HONEST, device="cuda").ok
+    # the two jumps (54 fails on an input of exactly 0, as the CPU's generator draws it on set 13;
+    # the device's generator may never draw one in 30 sets)
+    for name, batch, reason in AUDITED[:2]:
+        res = check_task(set_batch((AUDIT / f"{name}.py").read_text(), batch), device="cuda", name=name)
+        assert res.filter == reason, (name, res)
