@@ -6,10 +6,12 @@ multiple of its divisor, `reciprocal` near zero. The judge draws inputs from the
 distribution and scales every third set by a factor in [0.25, 1], so no input distribution keeps
 float data away from such points; the composer instead feeds each op values it is safe on.
 
-`seed_hazard` finds, by running the seed (not from a list of names), which operand guard makes it
-safe: on a sweep of values covering [-4, 4] (each integer, half-integer and zero, the seed's own
-scalar arguments such as a threshold or a lambda, points 1e-4 from zero, and a dense grid; a
-second operand equals the first on a quarter of its elements, so that ratios cross integers),
+`seed_hazard` finds, by running the seed (not from a list of names; only ops that count values
+into bins, `COUNTING`, are left out by name), which operand guard makes it safe: on a sweep of
+values covering [-4, 4] (a dense grid, and, among the values the guard can produce, each integer,
+half-integer and zero, the seed's own scalar arguments such as a threshold or a lambda, and points
+1e-4 from zero; a second operand equals the first on a quarter of its elements, so that ratios
+cross integers, and holds the special points against ordinary values of the first),
 perturbed additively by `PROBE_REL * (1 + |x|)` each way, the seed must give finite outputs no
 larger than `BOUND`, a change within the judge's elementwise tolerance (10x the criterion's
 perturbation, so a jump or a steep pole between the sweep's points still shows), a float64
