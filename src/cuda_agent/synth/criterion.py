@@ -45,6 +45,9 @@ CRITERION_FILTERS: dict[str, str] = {
 # fixed input seeds (11, 22), so that the criterion sees input sets no other filter saw
 DEFAULT_SEED = 70_000
 INIT_SEED_OFFSET = 500_000     # the weights of model m are drawn under seed + INIT_SEED_OFFSET + m
+# a screen failure counts as a jump when the output moved this many times further than linear
+# scaling from the criterion's perturbation says (a smooth but steep task moves about 1x that)
+JUMP_GROWTH = 10.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,17 @@ def _perturbed(xs: list, rel: float, g: torch.Generator) -> list:
     return out
 
 
+def _growth(out: list, near: list, far: list) -> float:
+    """How many times further `far` moved from `out` than `near` did (largest elementwise change of
+    any output; inf when `near` did not move at all)."""
+    def moved(xs: list) -> float:
+        return max((float((x.double() - o.double()).abs().max()) for x, o in zip(xs, out)
+                    if isinstance(o, torch.Tensor) and o.is_floating_point() and o.numel()), default=0.0)
+
+    d_near, d_far = moved(near), moved(far)
+    return d_far / d_near if d_near > 0 else (float("inf") if d_far > 0 else 0.0)
+
+
 def _compare(tol: Tolerance, expected: list, got: list, expected64: list | None):
     from cuda_agent.judge.compare import compare_outputs
 
@@ -150,8 +164,9 @@ def check_task(source: str, *, device: str = "cpu", sets: int = 30, rel: float =
     A jump an honest kernel's rounding crosses can be rare per input set (a remainder by a random
     divisor: about one set in ten at a CPU-sized export), so `sets` sets may all miss it. The first
     `screen_sets` sets are therefore also perturbed by `screen_rel` (0: no screen), which crosses
-    such a jump `screen_rel / rel` times as often; a task whose screen fails the comparison is tried
-    on `sets_suspect` sets at `rel` (a smooth but steep task costs those sets and passes)."""
+    such a jump `screen_rel / rel` times as often; a task whose screen fails the comparison, its
+    output moving more than JUMP_GROWTH times as far as linear scaling predicts (a jump or a pole,
+    not a smooth but steep task), is tried on `sets_suspect` sets at `rel`."""
     from cuda_agent.judge import JudgeConfig
     from cuda_agent.judge.reference import Reference, _construct, fresh_inputs
     from cuda_agent.tasks import Task
@@ -197,10 +212,13 @@ def check_task(source: str, *, device: str = "cpu", sets: int = 30, rel: float =
             return _done(res, t0, "criterion_jitter", f"input set {k}: inputs perturbed by a relative {rel:g}: "
                                                        f"{cmp.message}" + (f" ({res.screened})" if res.screened else ""))
         if k < screen_sets and screen_rel > 0 and not res.screened:
-            screen = _compare(tol, out, _call(model, _perturbed(xs, screen_rel, g)), out64)
-            if not screen.ok:
-                res.screened = (f"a {screen_rel:g} perturbation failed on set {k}, so {max(sets, sets_suspect)} "
-                                "sets were tried")
+            wide = _call(model, _perturbed(xs, screen_rel, g))
+            growth = _growth(out, got, wide)
+            # a smooth task moves screen_rel / rel times as far under the wider perturbation; a jump
+            # (or a pole) far more: only then are the extra sets worth their time
+            if growth > JUMP_GROWTH * screen_rel / rel and not _compare(tol, out, wide, out64).ok:
+                res.screened = (f"a {screen_rel:g} perturbation failed on set {k}, moving the output {growth:.3g}x "
+                                f"as far as {rel:g} did, so {max(sets, sets_suspect)} sets were tried")
                 sets = max(sets, sets_suspect)
         k += 1
         res.sets_passed = k
