@@ -99,10 +99,10 @@ def _outputs(out) -> list:
 
 
 def _call(model, xs: list) -> list:
-    # the judge hands every call its own copy of the inputs: a forward that writes into an input
-    # must not change what the next call (the perturbed one) starts from
+    # no copies: check_task makes every variant of a set's inputs (float64, perturbed) before the
+    # first forward on it, so a forward that writes into its inputs changes nothing another reads
     with torch.no_grad():
-        return _outputs(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in xs]))
+        return _outputs(model(*xs))
 
 
 def _perturbed(xs: list, rel: float, g: torch.Generator) -> list:
@@ -146,11 +146,15 @@ def _float64_of(model) -> torch.nn.Module | None:
         return None
 
 
-def _run64(model64, xs: list) -> list | None:
-    if model64 is None:
+def _as64(xs: list) -> list:
+    return [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
+
+
+def _run64(model64, xs64: list | None) -> list | None:
+    if model64 is None or xs64 is None:
         return None
     try:
-        return _call(model64, [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs])
+        return _call(model64, xs64)
     except Exception:  # noqa: BLE001 - an op without a float64 kernel: as the judge, no float64 basis
         return None
 
@@ -190,13 +194,19 @@ def check_task(source: str, *, device: str = "cpu", sets: int = 30, rel: float =
         xs = fresh_inputs(ref, seed + k, k, device)
         if not res.shapes:
             res.shapes = [list(x.shape) for x in xs if isinstance(x, torch.Tensor)]
+        screening = k < screen_sets and screen_rel > 0 and not res.screened
+        g.manual_seed(seed + k)
+        near = _perturbed(xs, rel, g)
+        wide = _perturbed(xs, screen_rel, g) if screening else None
+        xs64 = _as64(xs) if model64 is not None else None
         out = _call(model, xs)
         for i, o in enumerate(out):
             if isinstance(o, torch.Tensor) and o.is_floating_point() and not bool(torch.isfinite(o).all()):
                 n = int((~torch.isfinite(o)).sum())
                 return _done(res, t0, "criterion_nonfinite", f"input set {k}: output {i} has {n} NaN/Inf of "
                                                              f"{o.numel()} values")
-        out64 = _run64(model64, xs)
+        out64 = _run64(model64, xs64)
+        xs = xs64 = None   # freed before the perturbed forwards
         if out64 is None:
             res.float64 = False
         else:
@@ -205,14 +215,13 @@ def check_task(source: str, *, device: str = "cpu", sets: int = 30, rel: float =
             if not cmp.ok:
                 return _done(res, t0, "criterion_float64", f"input set {k}: the float64 evaluation against float32: "
                                                             f"{cmp.message}")
-        g.manual_seed(seed + k)
-        got = _call(model, _perturbed(xs, rel, g))
+        got = _call(model, near)
         cmp = _compare(tol, out, got, out64)
         if not cmp.ok:
             return _done(res, t0, "criterion_jitter", f"input set {k}: inputs perturbed by a relative {rel:g}: "
                                                        f"{cmp.message}" + (f" ({res.screened})" if res.screened else ""))
-        if k < screen_sets and screen_rel > 0 and not res.screened:
-            wide = _call(model, _perturbed(xs, screen_rel, g))
+        if wide is not None:
+            wide = _call(model, wide)
             growth = _growth(out, got, wide)
             # a smooth task moves screen_rel / rel times as far under the wider perturbation; a jump
             # (or a pole) far more: only then are the extra sets worth their time
