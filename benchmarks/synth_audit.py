@@ -10,8 +10,14 @@ made. `--batch N` probes each task at `BATCH = N` instead of its exported size (
 GPU audited on a CPU; the filters' shortcut checks also run at the composed size, before the runtime
 window rescales it).
 
+`--checks criterion` (or `both`, the default) also holds every task to the export criterion
+(`synth.criterion.check_task`: on `--sets` input sets drawn by the judge's own `fresh_inputs`
+under other seeds than the filter's, with weights drawn as the judge draws them, finite outputs,
+a 1e-6 relative input perturbation within the judge's comparison, float64 within it), at the
+exported size unless `--batch` says otherwise; its seconds per task are reported.
+
     python benchmarks/synth_audit.py OUT/tasks.jsonl [--sets 30] [--device cpu] [--batch N]
-                                     [--time-limit S] [--json audit.json]
+                                     [--checks shortcuts|criterion|both] [--time-limit S] [--json audit.json]
 """
 
 from __future__ import annotations
@@ -26,12 +32,13 @@ from pathlib import Path
 
 from cuda_agent.host import true_fp32
 from cuda_agent.synth.compose import set_batch
+from cuda_agent.synth.criterion import check_task
 from cuda_agent.synth.filters import FilterConfig
 from cuda_agent.synth.worker import Reject, Runner, shortcut_checks
 
 
 def audit(path: Path, sets: int, device: str, seed: int, batch: int | None = None,
-          time_limit: float | None = None) -> dict:
+          time_limit: float | None = None, checks: str = "both") -> dict:
     cfg = FilterConfig(device=device, n_input_sets=sets, shortcut_seed=seed).payload()
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if time_limit is not None:
@@ -50,13 +57,19 @@ def audit(path: Path, sets: int, device: str, seed: int, batch: int | None = Non
             break
         t = time.monotonic()
         code = (set_batch(row["code"], batch) or row["code"]) if batch else row["code"]
+        verdict = {"name": row["name"], "defect": None}
         try:
-            shortcut_checks(Runner(code, device), cfg, code)
-            verdict = {"name": row["name"], "defect": None}
+            if checks in ("criterion", "both"):
+                res = check_task(code, device=device, sets=sets, seed=seed, name=row["name"])
+                verdict["criterion_s"] = round(res.seconds, 2)
+                if not res.ok:
+                    raise Reject(res.filter, res.message)
+            if checks in ("shortcuts", "both"):
+                shortcut_checks(Runner(code, device), cfg, code)
         except Reject as rej:
-            verdict = {"name": row["name"], "defect": rej.filter, "message": rej.message[:300]}
+            verdict.update(defect=rej.filter, message=rej.message[:300])
         except Exception as exc:  # noqa: BLE001 - out of memory at the exported size, say: not a defect, reported
-            verdict = {"name": row["name"], "defect": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            verdict["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         verdict["audit_s"] = round(time.monotonic() - t, 2)
         found.append(verdict)
         print(f"[{n}/{len(rows)}] {row['name']}: {verdict['defect'] or ('error' if 'error' in verdict else 'ok')} "
@@ -64,8 +77,11 @@ def audit(path: Path, sets: int, device: str, seed: int, batch: int | None = Non
                                               if verdict["defect"] or "error" in verdict else ""),
               file=sys.stderr, flush=True)
     counts = Counter(v["defect"] for v in found if v["defect"])
+    crit = sorted(v["criterion_s"] for v in found if "criterion_s" in v)
     return {"tasks": len(found), "of": len(rows), "defective": sum(counts.values()), "by_defect": dict(counts),
-            "errors": sum("error" in v for v in found), "sets": sets,
+            "errors": sum("error" in v for v in found), "sets": sets, "checks": checks,
+            "criterion_s_median": crit[len(crit) // 2] if crit else None,
+            "criterion_s_max": crit[-1] if crit else None,
             "wall_s": round(time.monotonic() - t0, 1), "tasks_audited": found}
 
 
@@ -80,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds: start no new task after this; the tasks are then taken in a random order "
                          "(seeded by --seed), so the audited part is a random sample of the export")
+    ap.add_argument("--checks", choices=["shortcuts", "criterion", "both"], default="both",
+                    help="the filters' shortcut checks, the export criterion, or both (default)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.batch is not None and args.batch < 1:
         ap.error("--batch: a positive number")
-    result = audit(args.tasks, args.sets, args.device, args.seed, args.batch, args.time_limit)
+    result = audit(args.tasks, args.sets, args.device, args.seed, args.batch, args.time_limit, args.checks)
     result["batch"] = args.batch
     print(f"{result['defective']} of {result['tasks']} tasks (of {result['of']}) defective on {args.sets} fresh "
           f"input sets: {result['by_defect']}, {result['errors']} could not be audited ({result['wall_s']} s)")

@@ -19,6 +19,12 @@ reproduce the harness's outputs there), failures are rejected as `judge_referenc
 and the rate counts the judge's time. --judge-sample K runs the same checks on K exported tasks
 afterwards (for a sample made without them); the judge's own task warnings (degenerate outputs)
 are counted too. --benchmark-dir decontaminates against a KernelBench checkout when one is present.
+
+The export criterion (synth/criterion.py) is on unless --no-criterion; its cost is the "criterion"
+stage of check_split and `criterion_cost` (worker-seconds per accepted task, share of the check
+time). --no-hazard-guards composes as before round three (no seed probe): with the same seed, the
+two runs give the share of candidates rejected for non-finite, ill-conditioned or criterion reasons
+before and after (`hazard_share`).
 """
 
 from __future__ import annotations
@@ -89,6 +95,15 @@ def stage_split(out: Path) -> dict:
             "stages_share": {k: round(v / staged, 3) for k, v in totals.most_common()} if staged else {}}
 
 
+def criterion_cost(split: dict) -> dict:
+    """The export criterion's part of the workers' check time (its stage in `split`): worker-seconds
+    in all, per accepted task, and its share of the staged time."""
+    sec = split["stages_s"].get("criterion", 0.0)
+    accepted = split["accepted_s"]["n"]
+    return {"worker_s": sec, "per_accepted_task_s": round(sec / accepted, 2) if accepted else None,
+            "share": split["stages_share"].get("criterion", 0.0)}
+
+
 def rejection_examples(out: Path, per_filter: int = 3) -> dict[str, list[str]]:
     """The first few rejection messages of each filter: what a rejection count is made of."""
     from cuda_agent.synth.pipeline import read_records
@@ -157,6 +172,10 @@ def main() -> int:
     ap.add_argument("--judge-overlap", action=argparse.BooleanOptionalAction, default=True,
                     help="with --judge-check: the judges check each task as the filters accept it, beside them "
                          "(default; --no-judge-overlap: after the filters stop)")
+    ap.add_argument("--criterion", action=argparse.BooleanOptionalAction, default=True,
+                    help="hold every accepted task to the export criterion (default on)")
+    ap.add_argument("--hazard-guards", action=argparse.BooleanOptionalAction, default=True,
+                    help="compose with the seed probe's guards (default on; off: the composer before round three)")
     ap.add_argument("--split-only", action="store_true",
                     help="print where the check time of the sample already in --out went (check_split), run nothing")
     args = ap.parse_args()
@@ -177,7 +196,8 @@ def main() -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     workers, threads = worker_layout(args.workers)
-    fkw: dict = {"device": device, "timeout_s": args.timeout, "threads_per_worker": threads}
+    fkw: dict = {"device": device, "timeout_s": args.timeout, "threads_per_worker": threads,
+                 "criterion": args.criterion}
     if args.min_ms is not None:
         fkw["min_ms"] = args.min_ms
     if args.max_ms is not None:
@@ -186,7 +206,7 @@ def main() -> int:
         fkw["compile"] = args.compile
     bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
     cfg = SynthConfig(n=args.n, out=args.out, seed=args.seed, workers=workers, benchmark_dir=bench,
-                      compose={"profile": device}, filters=FilterConfig(**fkw), time_limit_s=args.time_limit,
+                      compose={"profile": device, "hazard_guards": args.hazard_guards}, filters=FilterConfig(**fkw), time_limit_s=args.time_limit,
                       judge_check=args.judge_check, judge_parallel=args.judge_parallel,
                       judge_overlap=args.judge_overlap)
     console = Console()
@@ -208,7 +228,11 @@ def main() -> int:
               "judge_checked_per_gpu_hour": report.judge_checked / report.wall_s * 3600 / n_gpus
               if n_gpus and report.wall_s > 0 else None,
               **phase_rates(report.phases), "phases": report.phases,
-              "check_split": stage_split(args.out), "sample": sample_stats(args.out),
+              "criterion": report.criterion, "hazard_guards": report.hazard_guards,
+              "hazard_rejections": report.hazard_rejections, "hazard_share": report.hazard_share,
+              "refused_seed_ranks": len(report.refused_seeds),
+              "check_split": (split := stage_split(args.out)), "criterion_cost": criterion_cost(split),
+              "sample": sample_stats(args.out),
               "rejection_examples": rejection_examples(args.out)}
     # written before the judge check as well, so a check cut short loses nothing of the run
     (args.out / "throughput.json").write_text(json.dumps(result, indent=1))

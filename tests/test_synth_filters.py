@@ -63,9 +63,9 @@ def test_honest_task_is_kept(pool):
     assert r.accepted and r.rejection is None, r
     assert r.eager_ms is not None and r.eager_ms > 0
     assert r.input_shapes == [[16, 64]] and r.output_shapes == [[16, 128]]
-    assert {"eager", "random", "train_eval", "degenerate", "usage", "runtime_window"} <= set(r.passed)
+    assert {"eager", "random", "train_eval", "degenerate", "usage", "runtime_window", "criterion"} <= set(r.passed)
     # the time split covers each stage that ran (no compile check in this config), and nothing else
-    assert set(r.stage_s) == {"load", "trace", "values", "shortcuts", "window", "final_values"}, r.stage_s
+    assert set(r.stage_s) == {"load", "trace", "values", "shortcuts", "window", "final_values", "criterion"}, r.stage_s
     assert all(v >= 0 for v in r.stage_s.values()) and sum(r.stage_s.values()) <= r.check_s + 1e-3
 
 

@@ -51,6 +51,10 @@ def print_report(report, console: Console) -> None:
     console.print(table)
     console.print(f"torch.compile check: {'on' if report.compile_check else 'off (--no-compile)'}; shortcut checks: "
                   + (f"on, {report.n_input_sets} input sets" if report.shortcut_checks else "off"))
+    console.print(f"export criterion: {'on' if report.criterion else 'off'}; composer hazard guards: "
+                  f"{'on' if report.hazard_guards else 'off'} ({len(report.refused_seeds)} seed ranks left out); "
+                  f"rejected for non-finite, ill-conditioned or criterion reasons: {sum(report.hazard_rejections.values())} "
+                  f"({report.hazard_share:.1%} of candidates)")
     d = report.diversity
     if d.get("tasks"):
         console.print(f"diversity: {d['distinct_ops']} distinct ops in {d['distinct_chains']} distinct chains over "

@@ -7,7 +7,9 @@ no allocation), and kept only if that works. Rank changes are bridged by glue (`
 `unsqueeze(1)`); ops with a second tensor take an earlier value of the same shape (a residual),
 a learnable parameter broadcast over the batch, or a new input. Every input's first dimension is
 the module constant `BATCH`, which the runtime filter rescales; the whole chain is re-inferred
-with twice the batch so that rescaling cannot break it.
+with twice the batch so that rescaling cannot break it. Each seed is probed once per rank for jumps,
+poles and overflow (hazards.py): it is fed through the first operand guard that makes it safe
+(`abs() + 1`, `sigmoid() + 0.5`, `tanh() * 0.9`) or not composed at all (ceil, remainder, sign).
 
 The LLM composer shows a model the class sources of sampled seeds and asks for one module; its
 output is only a candidate and goes through the same static and execution filters.
@@ -28,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cuda_agent.tasks import TaskError, validate_reference_source
 
+from .hazards import GUARDS, SeedHazard, seed_hazard
 from .seeds import SeedOp, base_namespace
 
 BATCH_RE = re.compile(r"^BATCH = (\d+)[ \t]*$", re.MULTILINE)
@@ -65,6 +68,10 @@ class ComposeConfig(BaseModel):
                            "the train/eval filter rejects them anyway")
     residual_prob: float = Field(0.5, description="binary ops: chance of reusing an earlier same-shape value")
     attempts: int = Field(40, description="candidate ops tried per step before giving up on the step")
+    hazard_guards: bool = Field(
+        True, description="probe each seed for jumps, poles and overflow on a sweep of values (hazards.py) and "
+                          "feed it through the first operand guard that makes it safe, or leave it out; off: "
+                          "only seeds undefined on real inputs get abs() + 1 (the composer before round three)")
 
 
 # starting sizes per input rank (without the batch dimension), and batch sizes
@@ -132,6 +139,21 @@ class ProgrammaticComposer:
             raise ComposeError("empty seed catalog")
         self.by_rank = {r: [s for s in self.seeds if r in s.ranks] for r in (2, 3, 4, 5)}
         self._ns: dict[str, dict] = {}
+        self._hazards: dict[tuple[str, int], SeedHazard] = {}
+
+    def hazard(self, seed: SeedOp, rank: int) -> SeedHazard:
+        """How `seed` is fed at input rank `rank` (probed once per seed and rank; see hazards.py).
+        Without hazard_guards: abs() + 1 for seeds undefined on real inputs, else nothing."""
+        if not self.config.hazard_guards:
+            return SeedHazard(guard="abs1" if seed.domain == "positive" else "none")
+        key = (seed.name, rank)
+        if key not in self._hazards:
+            self._hazards[key] = seed_hazard(seed, rank, self._namespace(seed))
+        return self._hazards[key]
+
+    def refused(self) -> dict[str, str]:
+        """The seeds (name@rank) probed so far that no guard makes safe, with what they did unguarded."""
+        return {f"{n}@{r}": h.reason for (n, r), h in sorted(self._hazards.items()) if not h.usable}
 
     def _namespace(self, seed: SeedOp) -> dict:
         if seed.helper_source not in self._ns:
@@ -193,6 +215,9 @@ class ProgrammaticComposer:
             glue, shape = _glue(cur.shape, seed.ranks, rng)
             if glue is None:
                 continue
+            hazard = self.hazard(seed, len(shape))
+            if not hazard.usable:
+                continue        # jumps or poles on every guarded range: not composed
             values_ = seed.resolve(shape, rng)
             ns = self._namespace(seed)
             operands = self._operands(rng, plan, seed, shape, values, i, cur)
@@ -204,7 +229,7 @@ class ProgrammaticComposer:
                 continue
             if out.dim() == 0 or out.shape[0] != plan.batch:
                 continue        # the batch stays in dimension 0 (rescaling); scalars are degenerate tasks
-            return self._commit(plan, seed, values_, glue, cur, operands, i, tuple(out.shape))
+            return self._commit(plan, seed, values_, glue, cur, operands, i, tuple(out.shape), hazard.guard)
         return None
 
     def _operands(self, rng, plan: _Plan, seed: SeedOp, shape, values: list[_Value], i: int, cur: _Value):
@@ -225,7 +250,7 @@ class ProgrammaticComposer:
         return ops
 
     def _commit(self, plan: _Plan, seed: SeedOp, vals: list, glue: str, cur: _Value, operands, i: int,
-                out_shape: tuple[int, ...]) -> _Value:
+                out_shape: tuple[int, ...], guard: str = "none") -> _Value:
         src = cur.var
         if glue:
             plan.body.append(f"h{i} = {glue.format(src)}")
@@ -244,12 +269,14 @@ class ProgrammaticComposer:
                 plan.inputs.append(shape)
             else:
                 names.append(expr)
-        if seed.domain == "positive":
-            fixed = []
+        if guard != "none":
+            # every tensor operand through the guard (hazards.py): values the op is safe on
+            fixed: dict[str, str] = {}   # an operand used twice (addcdiv(v, v, v)) is guarded once
             for n in names:
-                plan.body.append(f"p{i}_{len(fixed)} = {n}.abs() + 1.0")
-                fixed.append(f"p{i}_{len(fixed)}")
-            names = fixed
+                if n not in fixed:
+                    fixed[n] = f"p{i}_{len(fixed)}"
+                    plan.body.append(f"{fixed[n]} = {GUARDS[guard].format(n)}")
+            names = [fixed[n] for n in names]
         init = seed.init_line(f"op{i}", vals)
         if init:
             plan.init_lines.append(init)

@@ -31,6 +31,7 @@ from cuda_agent import host
 from cuda_agent.tasks import TaskError, validate_reference_source
 
 from .compose import Composition
+from .criterion import CRITERION_FILTERS
 from .decontam import BenchmarkIndex, DecontamConfig, Nearest, ast_hash, contamination
 
 # every filter, in the order a candidate meets them (the rejection table uses this order)
@@ -62,11 +63,16 @@ FILTERS: dict[str, str] = {
                        "jitter on 300 input sets where an op jumps at a boundary or a set came near)",
     "batch_mixing": "samples of the batch influence each other (allowed only with MIXES_BATCH = True)",
     "runtime_window": "eager runtime outside the window after rescaling",
+    **CRITERION_FILTERS,
     "compile_error": "torch.compile fails",
     "compile_mismatch": "torch.compile output differs from eager",
     "worker_error": "a bug in the checker itself (reported, never silently accepted)",
     "judge_reference": "the judge's reference checks fail (--judge-check: the reference does not reproduce in the judge's isolated process)",
 }
+
+# the rejections an honest kernel's rounding or an overflow causes: what hazard-aware composition
+# (hazards.py) is meant to make rare, reported as a share of the candidates (SynthReport.hazard_share)
+HAZARD_FILTERS = ("nonfinite", "ill_conditioned", *CRITERION_FILTERS)
 
 
 class Rejection(BaseModel):
@@ -114,8 +120,10 @@ class FilterConfig(BaseModel):
     shortcut_seed: int = Field(5000, description="input set k of the shortcut checks is drawn under seed "
                                                  "shortcut_seed + k (an audit uses other seeds than the filter)")
     jitter_rel: float = Field(1e-6, description="relative input jitter an honest kernel's rounding must survive")
-    jitter_sets: int = Field(30, description="input sets the jitter is tried on (the first n_input_sets with "
-                                             "the float64 evaluation)")
+    jitter_sets: int = Field(10, description="input sets the jitter is tried on at the composed size (the first "
+                                             "n_input_sets with the float64 evaluation). 10, not 30: the export "
+                                             "criterion tries 30 at the exported size after the window, which "
+                                             "finds more (a jump is crossed more often the more elements there are)")
     jitter_sets_suspect: int = Field(300, description="input sets the jitter is tried on when the task runs an op "
                                                       "that jumps at a boundary (floor, sign, a comparison, ...) or "
                                                       "a jittered output came within jitter_near_miss of the "
@@ -130,6 +138,21 @@ class FilterConfig(BaseModel):
     noise_headroom: float = Field(8.0, description="reject when float32 is further from float64 than "
                                                    "max_rel_l2_ceiling / this (an honest kernel's own error, "
                                                    "up to ~9x the reference's, would not fit under the ceiling)")
+    criterion: bool = Field(True, description="hold the rescaled task to the export criterion (criterion.py): on "
+                                              "criterion_sets judge-drawn input sets at the exported size, finite "
+                                              "outputs, stable under a criterion_rel input perturbation, float64 "
+                                              "within the judge's comparison")
+    criterion_sets: int = Field(30, ge=1, description="input sets of the export criterion")
+    criterion_rel: float = Field(1e-6, gt=0, description="relative input perturbation an honest kernel's rounding "
+                                                         "must survive (x * (1 + rel * u), u uniform in [-1, 1])")
+    criterion_seed: int = Field(70_000, description="input set k of the criterion is drawn under criterion_seed + k")
+    criterion_sets_per_model: int = Field(5, ge=1, description="a new weight draw every this many sets (each judge "
+                                                               "evaluation draws its own weights)")
+    criterion_screen_rel: float = Field(1e-4, ge=0, description="the first 3 sets are also perturbed this much; "
+                                                                "a failure there (a jump that is rare at "
+                                                                "criterion_rel) has the task tried on "
+                                                                "criterion_sets_suspect sets. 0: no screen")
+    criterion_sets_suspect: int = Field(150, ge=1, description="criterion sets for a task whose screen failed")
     det_rel: float | None = Field(None, description="two runs may differ by this fraction of the largest "
                                                     "output magnitude; default 0 on cpu, 1e-5 on cuda (atomics)")
     n_warmup: int = 2

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .catalog import load_or_crawl
 from .compose import ComposeConfig, ComposeError, Composition, LLMComposer, LLMConfig, ProgrammaticComposer
 from .decontam import BenchmarkIndex, DecontamConfig, Nearest
-from .filters import FILTERS, CheckResult, FilterConfig, Rejection, StaticFilter, WorkerPool
+from .filters import FILTERS, HAZARD_FILTERS, CheckResult, FilterConfig, Rejection, StaticFilter, WorkerPool
 from .judgecheck import JudgeStream, ReferenceCheck, check_tasks
 
 SEED_STRIDE = 10_000_000
@@ -106,6 +106,12 @@ class SynthReport(BaseModel):
     judge_checked: int = 0     # tasks held to the judge's reference checks in this run
     judge_s: float = 0.0
     phases: list[dict] = []    # each generate/filter and judge phase of this run (also OUT/phases.jsonl)
+    criterion: bool = True     # whether the export criterion held every accepted task (criterion.py)
+    hazard_rejections: dict[str, int] = {}   # candidates removed for non-finite, ill-conditioned or criterion
+    #                                          reasons (HAZARD_FILTERS): what hazard-aware composition avoids
+    hazard_share: float = 0.0  # their share of the candidates
+    hazard_guards: bool = True  # whether the composer probed seeds and guarded or left out the unsafe ones
+    refused_seeds: dict[str, str] = {}   # seed@rank the composer left out, with what it did unguarded
 
 
 def _log_path(out: Path) -> Path:
@@ -318,8 +324,14 @@ def run_synth(cfg: SynthConfig, progress: _Progress | None = None) -> SynthRepor
     chosen = [r for r in ordered if passed_judge(r)][: cfg.n]
     exported = export(chosen, out)
     new = len(records) - done_before
+    rejected = rejection_table(ordered)
+    hazards = {f: rejected[f] for f in HAZARD_FILTERS if rejected.get(f)}
     report = SynthReport(
-        accepted=len(chosen), candidates=len(records), rejected_by=rejection_table(ordered), wall_s=wall,
+        accepted=len(chosen), candidates=len(records), rejected_by=rejected, wall_s=wall,
+        criterion=cfg.filters.criterion, hazard_rejections=hazards,
+        hazard_share=round(sum(hazards.values()) / len(records), 4) if records else 0.0,
+        hazard_guards=cfg.compose.hazard_guards,
+        refused_seeds=composer.refused() if hasattr(composer, "refused") else {},
         accepted_not_exported=sum(r.accepted for r in ordered) - len(chosen),
         compile_check=cfg.filters.compile, shortcut_checks=cfg.filters.shortcuts,
         n_input_sets=cfg.filters.n_input_sets if cfg.filters.shortcuts else 0, diversity=diversity(chosen),

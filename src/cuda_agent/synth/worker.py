@@ -21,6 +21,8 @@ Checks, in order (the first failure is the verdict):
   runtime_window         eager median in [min_ms, max_ms], BATCH rescaled toward it first
                          (a size that runs out of GPU memory is backed off toward the last good one)
   (the value checks are repeated on the rescaled task)
+  criterion_*            the export criterion (criterion.py) on the rescaled task, as the judge
+                         draws and compares it
   out_of_memory          any check above ran out of the worker's GPU memory share (the checks after
                          the window first retry at half the BATCH while its time stays in the window)
   compile_error, compile_mismatch   torch.compile output matches eager (judge tolerances)
@@ -34,7 +36,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -44,6 +45,11 @@ import warnings
 from typing import Any
 
 from cuda_agent.host import is_out_of_memory, true_fp32
+
+# the ops that jump at a boundary (kept in hazards.py beside the composer's probe; named here too,
+# where the shortcut checks and earlier callers read them)
+from .criterion import check_payload
+from .hazards import DISCONTINUOUS, jumps_at_boundaries  # noqa: F401
 
 INIT_SEED = 1234
 INPUT_SEEDS = (11, 22)
@@ -388,29 +394,6 @@ def _parameter_variants(torch, p, g):
     return out
 
 
-# Ops whose output jumps where a computed value crosses a boundary (an integer, zero, a threshold).
-# A kernel's rounding flips an element at such a boundary now and then: rarely enough per input set
-# that `jitter_sets` sets can all miss it, so such a task is jittered on `jitter_sets_suspect` sets.
-# Read from the trace (canonical names) for the ops that only jump; the ones that also serve
-# continuous functions inside torch's own decompositions (sign in lp_pool's sign(x) * |x|, where and
-# the comparisons in leaky_relu, xlogy, softshrink) count only where the source names them, as does
-# division's rounding_mode (lost in the trace: `div` either way); `mode` only from the trace (in a
-# source it is mostly Upsample's keyword).
-DISCONTINUOUS = frozenset({
-    "floor", "ceil", "round", "trunc", "fix", "frac", "floor_divide", "remainder", "fmod", "heaviside", "signbit",
-    "argmax", "argmin", "bucketize", "searchsorted", "histc", "bincount", "mode", "isclose",
-    # 0 or pi by the sign of a real value; the indices of sorting and selection; counts
-    "angle", "argsort", "sort", "topk", "kthvalue", "median", "nanmedian", "count_nonzero", "nonzero"})
-_DISCONTINUOUS_SOURCE = re.compile(
-    r"\b(" + "|".join(sorted(DISCONTINUOUS - {"mode"})) + r"|sign|sgn|where|masked_fill|rounding_mode|[Hh]ardshrink|"
-    r"[Tt]hreshold|gt|lt|ge|le|eq|ne|greater|less|greater_equal|less_equal|logical_\w+)\b")
-
-
-def jumps_at_boundaries(ops: list[str] | None, source: str) -> bool:
-    """Whether the task may run an op that jumps at a boundary (see DISCONTINUOUS)."""
-    return bool(_DISCONTINUOUS_SOURCE.search(source)) or (ops is not None and not DISCONTINUOUS.isdisjoint(ops))
-
-
 def _closeness(cmp) -> float:
     """How close a passing comparison (made with `margin=True`) came to failing: the larger of its
     largest elementwise |got - expected| / (atol + rtol |expected|) and its relative L2 error over
@@ -712,7 +695,13 @@ def check(source: str, cfg: dict) -> dict:
         while True:
             try:
                 info = value_checks(r, cfg, full=False)
-                stage("final_values", "compile" if cfg["compile"] else "")
+                stage("final_values", "criterion" if cfg["criterion"] else ("compile" if cfg["compile"] else ""))
+                crit = check_payload(final, cfg) if cfg["criterion"] else None
+                if crit is not None and not crit.ok:
+                    raise Reject(crit.filter, crit.message)
+                if crit is not None:
+                    result["passed"].append("criterion")
+                    stage("criterion", "compile" if cfg["compile"] else "")
                 compile_ms = compile_check(r, cfg) if cfg["compile"] else None
                 if cfg["compile"]:
                     stage("compile")
