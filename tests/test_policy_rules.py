@@ -416,3 +416,23 @@ class ModelNew(nn.Module):
     assert check_python(source, "strict") == [
         "line 14: tensor compute (an operator on 'self.w') in forward (strict policy)",
         "line 14: tensor compute (an operator on 'self.b') in forward (strict policy)"]
+
+
+def test_a_method_under_the_modules_own_pass_through_decorator_keeps_its_self():
+    """A wrapper that hands the method its own arguments (`fn(*args, **kwargs)`, functools.wraps
+    at most) keeps `self` the instance: private attributes and getattr on it stay allowed. One that
+    could hand it anything else does not."""
+    from cuda_agent.judge import policy
+
+    def module(body: str) -> str:
+        return ("import functools\nimport torch\nimport torch.nn as nn\n" + body +
+                "\n\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                "        self._w = nn.Parameter(torch.ones(4))\n\n    @deco\n    def forward(self, x):\n"
+                "        return ext.f(x, self._w, getattr(self, '_' + 'w'))\n")
+
+    honest = module("def deco(fn):\n    @functools.wraps(fn)\n    def inner(*args, **kwargs):\n"
+                    "        return fn(*args, **kwargs)\n    return inner\n")
+    assert not [v for v in policy.check_python(honest, "strict") if "self" in v or "getattr" in v]
+    swapped = module("def deco(fn):\n    def inner(*args):\n        return fn(torch, *args[1:])\n    return inner\n")
+    refused = policy.check_python(swapped, "strict")
+    assert any("getattr" in v or "private" in v for v in refused), refused

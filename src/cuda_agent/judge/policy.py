@@ -131,6 +131,7 @@ def method_self_nodes(tree: ast.Module) -> set[int]:
     decorator fills can be bound to any object (a library module), so `self._x` on it is the
     private attribute of whatever that is."""
     out: set[int] = set()
+    keeping = transparent_decorators(tree)
 
     def binds_self(fn) -> bool:
         a = fn.args
@@ -150,7 +151,8 @@ def method_self_nodes(tree: ast.Module) -> set[int]:
         for fn in cls.body:
             if not (isinstance(fn, ast.FunctionDef) and fn.args.args and fn.args.args[0].arg == "self"):
                 continue
-            if any(ast.unparse(d) not in SELF_KEEPING_DECORATORS for d in fn.decorator_list):
+            if any(ast.unparse(d) not in SELF_KEEPING_DECORATORS and not (isinstance(d, ast.Name) and d.id in keeping)
+                   for d in fn.decorator_list):
                 continue
             found: list = []
             visit(fn, found)
@@ -158,6 +160,45 @@ def method_self_nodes(tree: ast.Module) -> set[int]:
                 continue  # rebound somewhere (`self = torch`): no longer the instance
             out.update(id(n) for n in found)
     return out
+
+
+def transparent_decorators(tree: ast.Module) -> set[str]:
+    """Names of the module's own decorators that hand a method its own arguments: `def d(fn)` whose
+    body is one function taking only `*args` (and `**kwargs`), wrapped at most by `functools.wraps(fn)`,
+    that never rebinds them and uses them only to call `fn(*args, **kwargs)` as given; then `return`
+    of that function. Under such a decorator a method's `self` is still its instance (the idiom of
+    published solutions: a caching or timing wrapper); any other decorator could fill `self` with
+    whatever it likes."""
+    names = set()
+    for fn in tree.body:
+        if not (isinstance(fn, ast.FunctionDef) and not fn.decorator_list and len(fn.args.args) == 1
+                and not (fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs or fn.args.posonlyargs)
+                and len(fn.body) == 2):
+            continue
+        wrapped = fn.args.args[0].arg
+        inner, ret = fn.body
+        if not (isinstance(inner, ast.FunctionDef) and isinstance(ret, ast.Return) and isinstance(ret.value, ast.Name)
+                and ret.value.id == inner.name):
+            continue
+        a = inner.args
+        if a.args or a.posonlyargs or a.kwonlyargs or a.vararg is None:
+            continue
+        if any(ast.unparse(d) not in (f"functools.wraps({wrapped})", f"wraps({wrapped})") for d in inner.decorator_list):
+            continue
+        star, kw = a.vararg.arg, a.kwarg.arg if a.kwarg else None
+
+        def clean(c) -> bool:   # fn(*args) or fn(*args, **kwargs), exactly as received
+            return (isinstance(c.func, ast.Name) and c.func.id == wrapped and len(c.args) == 1
+                    and isinstance(c.args[0], ast.Starred) and isinstance(c.args[0].value, ast.Name)
+                    and c.args[0].value.id == star
+                    and all(k.arg is None and isinstance(k.value, ast.Name) and k.value.id == kw for k in c.keywords))
+
+        calls = [c for c in ast.walk(inner) if isinstance(c, ast.Call) and clean(c)]
+        passed = {id(c.args[0].value) for c in calls} | {id(k.value) for c in calls for k in c.keywords}
+        uses = [n for n in ast.walk(inner) if isinstance(n, ast.Name) and n.id in {star, kw}]
+        if calls and all(id(n) in passed for n in uses):
+            names.add(fn.name)
+    return names
 
 
 def class_methods(tree: ast.Module) -> dict[str, set[str]]:
