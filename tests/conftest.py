@@ -35,6 +35,7 @@ SLOW_MODULES = frozenset({
     "test_serve_e2e.py",          # the service judges C++ candidates, is killed and restarted
     "test_train_bench.py",        # ten-turn agentic episodes of a model through the real tools (~1 min on CPU)
     "test_train_collect.py",      # the collect stage with the tiny model through the real tools
+    "test_train_verl_ray.py",     # a local Ray instance with declared GPUs and judge actors (~2 min)
 })
 
 # Single slow tests in modules that are otherwise fast (module file name -> test function names).

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
+from cuda_agent.console import make_console
 from rich.markup import escape
 
 from cuda_agent.report import fmt_x
 
-err = Console(stderr=True)
-out = Console()
+err = make_console(stderr=True)
+out = make_console()
 EXIT_CANNOT_WORK = 3  # as for every command: the judge, the device or the model server cannot work
 
 SERVER_HELP = """

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+
+from cuda_agent.console import make_console, print_error
 from rich.table import Table
 
 from .peaks import GPU_PEAKS, known_models, peaks_for
@@ -49,7 +51,7 @@ def sol_cmd(
 
     from cuda_agent.tasks import TaskError, load_tasks
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     if gpu is None:
         if not torch.cuda.is_available():
             err.print(f"[red]error:[/red] no GPU here: name one with --gpu ({', '.join(known_models())})")
@@ -63,7 +65,7 @@ def sol_cmd(
     try:
         task_list = load_tasks("suite" if tasks == "suite" else tasks, level)
     except TaskError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        print_error(err, str(exc))
         raise typer.Exit(EXIT_TASKS)
     if level:
         task_list = [t for t in task_list if t.level in set(level)]

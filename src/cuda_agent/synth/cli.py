@@ -7,11 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+
+from cuda_agent.console import make_console, print_error
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 class _RichProgress:
@@ -121,7 +123,7 @@ def synth_cmd(
     try:
         values = apply_overrides(read_file(config, section="synth"), set_ or [], SynthConfig)
     except SettingsError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        print_error(err, str(exc))
         raise typer.Exit(2)
     dev = device or values.get("filters", {}).get("device") or default_device()
     filters = dict(values.get("filters", {}), device=dev)
@@ -147,7 +149,7 @@ def synth_cmd(
     try:
         cfg = validate(SynthConfig, values, "synth settings")
     except SettingsError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        print_error(err, str(exc))
         raise typer.Exit(2)
     if dev == "cuda":
         import torch
@@ -158,6 +160,6 @@ def synth_cmd(
     try:
         report = run_synth(cfg, _RichProgress(err))
     except (ValueError, OSError, RuntimeError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        print_error(err, str(exc))
         raise typer.Exit(3)
     print_report(report, Console())

@@ -116,20 +116,6 @@ def is_hack(v: Verdict) -> bool:
     return v.failure is not None and v.failure.category in HACK_CATEGORIES
 
 
-def verdict_summary(v: Verdict, reward: float, reason: str) -> dict:
-    return {"candidate_hash": v.candidate_hash, "compiled": v.compiled, "correct": v.correct,
-            "failure": None if v.failure is None else v.failure.category.value,
-            "message": None if v.failure is None else v.failure.message[:500],
-            "policy_violations": v.policy_violations[:5], "runtime_ms": v.runtime_ms, "eager_ms": v.eager_ms,
-            "compile_ms": v.compile_ms, "speedup_vs_eager": v.speedup_vs_eager,
-            "speedup_vs_compile": v.speedup_vs_compile, "judge_s": v.judge_s, "reward": reward,
-            "reward_reason": reason}
-
-
-def is_hack(v: Verdict) -> bool:
-    return v.failure is not None and v.failure.category in HACK_CATEGORIES
-
-
 def run_agentic_episode(task: Task, env: Environment, policy: TokenPolicy, renderer: ChatRenderer,
                         config: EpisodeConfig = EpisodeConfig(), *, step: int = 0,
                         episode_id: str | None = None) -> EpisodeRecord:

@@ -25,7 +25,7 @@ from cuda_agent.candidate import Candidate
 from cuda_agent.judge import JudgeConfig, Verdict
 from cuda_agent.judge.buildplan import BuildOutcome
 from cuda_agent.judge.verdict import Timing
-from cuda_agent.tasks import Task, load_task_file
+from cuda_agent.tasks import Task
 
 from cuda_agent.rollout.tokens import Generation
 
