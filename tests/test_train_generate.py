@@ -515,3 +515,26 @@ def test_fast_decoder_is_used_only_where_it_covers_the_model():
     assert not FastDecoder.supports(wrapped)
     model.config.use_sliding_window = True
     assert not FastDecoder.supports(model)
+
+
+def test_rows_leaving_the_batch_copy_no_batch(tiny):
+    """Requests of different lengths decoded together: each leaves when done without the batch
+    being rebuilt (only the joins repack it), and every reply still matches the trainer's
+    recomputation, including the rows that decoded beside answered ones."""
+    model, eos = tiny
+    prompts = [[1, 2, 3 + i, 4] for i in range(4)]
+    lengths = [3, 5, 7, 9]
+    out: dict[int, object] = {}
+    with HFPolicy(model, eos, seed=5, batch_wait_s=0.5, ignore_eos=True) as pol:
+        def call(i: int) -> None:
+            out[i] = pol.generate(prompts[i], lengths[i], 1.0, session=f"r{i}")
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert pol.stats.repacks == 1   # the one join of the four; three rows left without a repack
+    for i in range(4):
+        assert len(out[i].token_ids) == lengths[i]
+        assert gap(model, prompts[i], out[i]) < 1e-4

@@ -14,9 +14,10 @@ each call is a request to one scheduler thread, which owns the model while it ge
     sample    on the device: fp32 log-softmax of (logits restricted to `allowed`) / temperature, a
               device-side generator seeded from `seed`; one host sync per step for the whole batch
               (the sampled ids and their log-probabilities)
-    leave     a row that samples EOS (unless `ignore_eos`) or reaches its `max_new_tokens` leaves
-              the batch; its KV is copied out into its session's cache for the next turn, and the
-              batch is repacked (padding trimmed) before the next step; new requests join the same way
+    leave     a row that samples EOS (unless `ignore_eos`) or reaches its `max_new_tokens` is
+              answered; its own KV is copied out into its session's cache for the next turn, and its
+              slab row stays (computed, unread) until the batch is next repacked, when requests join
+              or the slab must grow: a row leaving copies only its own KV, a join the whole batch
 
 The log-probability returned for each token is that of the distribution it was sampled from, which
 is what `train.hf.token_logprobs` recomputes: logits from the model's lm_head in the model's dtype,
@@ -151,6 +152,9 @@ class _Row:
     logprobs: list[float]
     kv: KV | None = None       # its own KV until it is packed into the batch slab
     slot: int = -1             # its row in the batch slab once packed
+    # answered: its KV went to its session, but its slab row stays (computed, unread) until the
+    # next repack, so that a row leaving costs no copy of the whole batch
+    left: bool = False
 
 
 @dataclass
@@ -355,7 +359,7 @@ class _Engine:
                 try:
                     if admit:
                         self._admit(admit)
-                    if self._rows:
+                    if self._live:
                         self._step()
                 except Exception as exc:   # a failed batch fails its requests, not the scheduler
                     self._fail_batch(admit, exc)
@@ -371,16 +375,16 @@ class _Engine:
             while True:
                 if self._closed:
                     return None
-                free = self.max_batch - len(self._rows)
+                free = self.max_batch - len(self._live)
                 if self._pending and free > 0:
                     waited = time.monotonic() - self._pending[0].arrived
                     if len(self._pending) >= free or waited >= self.batch_wait_s:
                         take, self._pending = self._pending[:free], self._pending[free:]
                         return take
-                    if not self._rows:
+                    if not self._live:
                         self._cond.wait(self.batch_wait_s - waited)
                         continue
-                if self._rows:
+                if self._live:
                     return []
                 self._cond.wait()
 
@@ -464,14 +468,14 @@ class _Engine:
         self.stats.requests += len(reqs)
         self.stats.generated_tokens += len(reqs)
         if joining:
-            self._repack(self._rows + joining)
+            self._repack(self._live + joining)
         self.stats.prefill_s += time.monotonic() - t0
         self._finish(finished)
 
     def _step(self) -> None:
         t0 = time.monotonic()
         if self._fill + 1 > self._capacity:
-            self._repack(self._rows)
+            self._repack(self._live)
         if self._fast_wanted and self._fast is None:
             self._fast = FastDecoder(self.model)
         if self._fast is not None:
@@ -487,7 +491,11 @@ class _Engine:
         self._pos += 1
         self._fill += 1
         finished: list[tuple[_Row, str]] = []
+        live = 0
         for row, (t, l) in zip(self._rows, self._host(tok, lp)):
+            if row.left:
+                continue
+            live += 1
             row.n += 1
             row.out.append(t)
             row.logprobs.append(l)
@@ -495,16 +503,21 @@ class _Engine:
             if end is not None:
                 finished.append((row, end))
         self.stats.decode_steps += 1
-        self.stats.generated_tokens += len(self._rows)
+        self.stats.generated_tokens += live
         if finished:
             self._limbo = [r.req for r, _ in finished]   # failed too if copying them out fails
-            gone = {id(r) for r, _ in finished}
-            for row, _ in finished:   # copied out of the slab before the slab goes
+            for row, _ in finished:   # its own KV copied out; its slab row stays until the next repack
                 row.kv = self._row_kv(row, clone=True)
-            rest = [r for r in self._rows if id(r) not in gone]
-            self._repack(rest)
+                row.left = True
+            if not self._live:   # the whole batch answered: its slab goes now
+                self._reset_batch()
         self.stats.decode_s += time.monotonic() - t0
         self._finish(finished)
+
+    @property
+    def _live(self) -> list[_Row]:
+        """The rows still decoding (the batch may hold answered rows until its next repack)."""
+        return [r for r in self._rows if not r.left]
 
     def _row_kv(self, row: _Row, *, clone: bool) -> KV:
         """The row's KV over its `n` cached tokens: its own tensors, or its part of the batch slab."""
@@ -583,7 +596,7 @@ class _Engine:
                             warnings.warn(f"session {sid}: cache of {row.kv[0][0].shape[-2]} tokens for "
                                           f"{len(tokens)}; not kept", stacklevel=2)
                 row.kv = None
-            active = sum(r.n for r in self._rows)
+            active = sum(r.n for r in self._live)
             while self._sessions.tokens + active > self.max_cache_tokens and self._sessions.evict_oldest():
                 self.stats.evictions += 1
             self._restore_mode_if_idle()
@@ -594,7 +607,7 @@ class _Engine:
 
     def _restore_mode_if_idle(self) -> None:
         # Called under _cond.
-        if not self._rows and not self._pending and self._was_training is not None:
+        if not self._live and not self._pending and self._was_training is not None:
             self.model.train(self._was_training)
             self._was_training = None
             self._set_attention("sdpa")
@@ -611,7 +624,7 @@ class _Engine:
             self._base.set_attn_implementation("sdpa")
 
     def _fail_batch(self, admitted: list[_Request] | None, exc: BaseException) -> None:
-        victims = {id(r.req): r.req for r in self._rows}
+        victims = {id(r.req): r.req for r in self._live}
         victims.update({id(q): q for q in [*(admitted or []), *self._limbo] if not q.done.is_set()})
         self._limbo = []
         self._reset_batch()
