@@ -538,3 +538,30 @@ def test_rows_leaving_the_batch_copy_no_batch(tiny):
     for i in range(4):
         assert len(out[i].token_ids) == lengths[i]
         assert gap(model, prompts[i], out[i]) < 1e-4
+
+
+def test_a_join_takes_an_answered_rows_place_without_a_rebuild(tiny):
+    """A session's next turn joins while another row still decodes: it goes into the slab row its
+    first turn left (no batch rebuild), and both replies match the trainer's recomputation."""
+    model, eos = tiny
+    long_prompt = [5 + (i % 50) for i in range(40)]
+    out: dict[str, list] = {"a": [], "b": []}
+    with HFPolicy(model, eos, seed=9, batch_wait_s=0.05, ignore_eos=True) as pol:
+        def short_session() -> None:
+            history = [1, 2, 3, 4]
+            for turn in range(3):
+                gen = pol.generate(history, 2, 1.0, session="a")
+                out["a"].append((list(history), gen))
+                history = history + gen.token_ids + [7, 8, 9]
+
+        def long_session() -> None:
+            out["b"].append((long_prompt, pol.generate(long_prompt, 600, 1.0, session="b")))   # still decoding
+
+        threads = [threading.Thread(target=long_session), threading.Thread(target=short_session)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert pol.stats.placed >= 1, pol.stats
+    for prompt, gen in out["a"] + out["b"]:
+        assert gap(model, prompt, gen) < 1e-4

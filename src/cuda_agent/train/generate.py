@@ -16,8 +16,9 @@ each call is a request to one scheduler thread, which owns the model while it ge
               (the sampled ids and their log-probabilities)
     leave     a row that samples EOS (unless `ignore_eos`) or reaches its `max_new_tokens` is
               answered; its own KV is copied out into its session's cache for the next turn, and its
-              slab row stays (computed, unread) until the batch is next repacked, when requests join
-              or the slab must grow: a row leaving copies only its own KV, a join the whole batch
+              slab row stays (computed, unread) until a joining request takes it (its KV copied in,
+              right-aligned at the fill) or the batch is rebuilt (no free row for a join, a history
+              longer than the fill, the slab full): leaving and most joins copy only their own KV
 
 The log-probability returned for each token is that of the distribution it was sampled from, which
 is what `train.hf.token_logprobs` recomputes: logits from the model's lm_head in the model's dtype,
@@ -120,7 +121,8 @@ class GenStats:
     prefill_tokens: int = 0          # tokens run through the model in prefills
     reused_tokens: int = 0           # prompt tokens served from a session cache instead
     decode_steps: int = 0
-    repacks: int = 0                 # batch rebuilds (a row joined or left)
+    repacks: int = 0                 # batch rebuilds (a join with no free slab row, or the slab grew)
+    placed: int = 0                  # joins put into an answered row's slab row, with no rebuild
     evictions: int = 0               # session caches dropped for the memory cap
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -467,7 +469,7 @@ class _Engine:
             (joining.append(row) if end is None else finished.append((row, end)))
         self.stats.requests += len(reqs)
         self.stats.generated_tokens += len(reqs)
-        if joining:
+        if joining and not self._place(joining):
             self._repack(self._live + joining)
         self.stats.prefill_s += time.monotonic() - t0
         self._finish(finished)
@@ -513,6 +515,26 @@ class _Engine:
                 self._reset_batch()
         self.stats.decode_s += time.monotonic() - t0
         self._finish(finished)
+
+    def _place(self, joining: list[_Row]) -> bool:
+        """Put joining rows into the slab rows of answered ones, without rebuilding the batch: each
+        row's KV is copied right-aligned at the slab's fill into a free row. Possible when there are
+        enough free rows and every joining history fits before the fill; False otherwise (the
+        caller repacks)."""
+        free = [b for b, r in enumerate(self._rows) if r.left]
+        if not self._slabs or len(free) < len(joining) or any(r.n > self._fill for r in joining):
+            return False
+        fill = self._fill
+        for b, row in zip(free, joining):
+            for layer, (k, v) in zip(self._slabs, row.kv):
+                layer._kb[b, :, fill - row.n:fill].copy_(k[0])
+                layer._vb[b, :, fill - row.n:fill].copy_(v[0])
+            self._start[b], self._pos[b], self._last[b] = fill - row.n, row.n, row.out[-1]
+            self._temps[b, 0] = row.req.temperature
+            row.slot, row.kv = b, None
+            self._rows[b] = row
+        self.stats.placed += len(joining)
+        return True
 
     @property
     def _live(self) -> list[_Row]:
