@@ -28,7 +28,7 @@ from cuda_agent.reward import RewardConfig, reward_of
 from cuda_agent.rollout.engine import Engine, EngineConfig, EpisodeResult, Judged
 from cuda_agent.rollout.env import Environment
 from cuda_agent.rollout.evaluator import Evaluator
-from cuda_agent.rollout.outcome import EndRun, Outcome, Terminal, Truncation
+from cuda_agent.rollout.outcome import EndRun, JudgeFailure, Outcome, Terminal, Truncation
 from cuda_agent.rollout.prompts import agentic_messages, extract_module, single_turn_messages
 from cuda_agent.rollout.tokens import ChatRenderer, Generation, TokenFront, TokenLimits, TokenPolicy, Tokens
 from cuda_agent.tasks import Task
@@ -118,18 +118,34 @@ def is_hack(v: Verdict) -> bool:
 
 def run_agentic_episode(task: Task, env: Environment, policy: TokenPolicy, renderer: ChatRenderer,
                         config: EpisodeConfig = EpisodeConfig(), *, step: int = 0,
-                        episode_id: str | None = None) -> EpisodeRecord:
+                        episode_id: str | None = None, keep_errors: bool = False) -> EpisodeRecord:
     """One multi-turn episode of the agent in `env` (whose RewardConfig scores it). Never raises
-    for what the model does; an episode that ended in an error (the judge cannot work:
-    `JudgeFailure`; a policy or a bug) re-raises that error, since it measured nothing."""
+    for what the model does. An episode that ended in an error re-raises it: a judge that cannot
+    work (`JudgeFailure`) always, since it measured nothing; any other (a failed generation request,
+    a bug) unless `keep_errors`, which keeps the episode as data (termination "error", the reward of
+    what was judged before it, trimmed to end on its last model token: verl's path, where one
+    episode's error must not fail the whole step)."""
     eid = episode_id or uuid.uuid4().hex[:16]
     front = TokenFront(policy, renderer, config.limits(), session=eid)
     engine = Engine(env, front, EngineConfig(max_turns=config.max_turns, repeat_warn=config.repeat_warn,
                                              repeat_limit=config.repeat_limit, judge_at_end=True))
     res = engine.run()
-    if res.error is not None:
+    if res.error is not None and (isinstance(res.error, JudgeFailure) or not keep_errors):
         raise res.error
-    return _record(task, "agentic", step, eid, front, res)
+    return ends_on_model_token(_record(task, "agentic", step, eid, front, res))
+
+
+def ends_on_model_token(ep: EpisodeRecord) -> EpisodeRecord:
+    """`ep` without trailing observation tokens. verl puts the reward on the last response token and
+    GAE drops rewards on mask-0 tokens; only an episode cut by an error (observations rendered for a
+    generation that failed) can end on them."""
+    n = len(ep.response_mask)
+    while n and ep.response_mask[n - 1] == 0:
+        n -= 1
+    if n == len(ep.response_mask):
+        return ep
+    return ep.model_copy(update={"response_ids": ep.response_ids[:n], "response_mask": ep.response_mask[:n],
+                                 "response_logprobs": ep.response_logprobs[:n]})
 
 
 def run_single_turn_episode(task: Task, evaluator: Evaluator, policy: TokenPolicy, renderer: ChatRenderer,

@@ -47,11 +47,9 @@ from cuda_agent.reward import RewardConfig
 from cuda_agent.rollout.ray_judge import RayEvaluator, judge_actor
 from cuda_agent.tasks import Task
 
-from cuda_agent.rollout.engine import Engine, EngineConfig
-from cuda_agent.rollout.outcome import JudgeFailure
-from cuda_agent.rollout.tokens import TokenFront
 
-from .episode import ChatRenderer, EpisodeConfig, EpisodeRecord, Generation, _record, run_single_turn_episode
+from .episode import (ChatRenderer, EpisodeConfig, EpisodeRecord, Generation,
+                      run_agentic_episode, run_single_turn_episode)
 
 log = logging.getLogger(__name__)
 
@@ -221,31 +219,12 @@ class CudaAgentLoop(AgentLoopBase):
 
     def _agentic(self, task: Task, box: Toolbox, policy: ServerPolicy, renderer: ChatRenderer,
                  episode_id: str) -> EpisodeRecord:
-        """The agentic episode (as `episode.run_agentic_episode`), except that an error other than
-        a judge that cannot work (a failed generation request, a bug) does not fail verl's whole
-        step: the episode is kept as data (termination "error"), with the reward of what was
-        judged before it, on its last model token."""
-        c = self.episode_config
-        front = TokenFront(policy, renderer, c.limits(), session=episode_id)
-        engine = Engine(box, front, EngineConfig(max_turns=c.max_turns, repeat_warn=c.repeat_warn,
-                                                 repeat_limit=c.repeat_limit, judge_at_end=True))
-        res = engine.run()
-        if isinstance(res.error, JudgeFailure):   # nothing was measured: training on it would be noise
-            raise res.error
-        if res.error is not None:
+        """The agentic episode, with an error other than a judge that cannot work kept as data
+        (`keep_errors`): one failed generation request or bug must not fail verl's whole step."""
+        ep = run_agentic_episode(task, box, policy, renderer, self.episode_config, episode_id=episode_id,
+                                 keep_errors=True)
+        if ep.termination == "error":
             log.warning("episode %s (%s) ended in an error, kept with reward %s: %s", episode_id, task.name,
-                        res.reward, res.outcome.message)
-        return ends_on_model_token(_record(task, "agentic", 0, episode_id, front, res))
-
-
-def ends_on_model_token(ep: EpisodeRecord) -> EpisodeRecord:
-    """`ep` without trailing observation tokens. verl puts the reward on the last response token and
-    GAE drops rewards on mask-0 tokens; only an episode cut by an error (observations rendered for a
-    generation that failed) can end on them."""
-    n = len(ep.response_mask)
-    while n and ep.response_mask[n - 1] == 0:
-        n -= 1
-    if n == len(ep.response_mask):
+                        ep.reward, ep.outcome.get("message", ""))
         return ep
-    return ep.model_copy(update={"response_ids": ep.response_ids[:n], "response_mask": ep.response_mask[:n],
-                                 "response_logprobs": ep.response_logprobs[:n]})
+
