@@ -191,6 +191,11 @@ class Judge:
         try:
             ref = self._reference(task)
             setup = make_setup(task, ref, secrets.randbits(31), cfg)
+            if setup.randomness is not None:
+                # a task set's task must give the same output for the same inputs: candidates are
+                # judged statistically against a stochastic reference, but a task is not one
+                raise _Stop(FC.MISMATCH, f"the reference draws random numbers ({setup.randomness}: outputs differ "
+                                         f"between two runs of the same inputs); a task must be deterministic")
             deadline = t0 + cfg.total_timeout_s
             session = self._start(task, baseline_source("eager", setup.outputs), None, setup, ev, deadline)
             try:
