@@ -54,13 +54,10 @@ CLEARED_BY_ALL = ("ext", "baselines", "verdicts", "pch")
 def cache_parts(cache_dir: Path | None = None, work_root: Path | None = None) -> list[CachePart]:
     """The judge's cache parts (defaults: `$CUDA_AGENT_CACHE` and `$CUDA_AGENT_WORK`)."""
     from cuda_agent.db import default_db_path
-    from cuda_agent.judge.config import default_cache_dir
+    from cuda_agent.judge.config import default_cache_dir, default_work_root
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    if work_root is None:
-        import os
-
-        work_root = Path(os.environ.get("CUDA_AGENT_WORK", f"/var/tmp/cuda-agent-{os.geteuid()}"))
+    work_root = work_root if work_root is not None else default_work_root()
     return [CachePart("ext", cache / "ext", "built candidate libraries"),
             CachePart("baselines", cache / "baselines", "eager and torch.compile times of tasks"),
             CachePart("verdicts", cache / "verdicts", "finished verdicts"),

@@ -20,6 +20,12 @@ def default_cache_dir() -> Path:
     return Path(base)
 
 
+def default_work_root() -> Path:
+    """Where the judge's working folder is (CUDA_AGENT_WORK, or one per user under /var/tmp), without
+    making it (`sandbox.work_root_dir` makes it)."""
+    return Path(os.environ.get("CUDA_AGENT_WORK", f"/var/tmp/cuda-agent-{os.geteuid()}"))
+
+
 def default_device() -> str:
     try:
         import torch

@@ -753,9 +753,9 @@ def python_argv(module: str, *args: str) -> list[str]:
 
 
 def work_root_dir() -> Path:
-    """The judge's working folder (builds, candidate runs): CUDA_AGENT_WORK, or one per user under
-    /var/tmp. Traversable but not listable by the sandbox uids."""
-    root = Path(os.environ.get("CUDA_AGENT_WORK", f"/var/tmp/cuda-agent-{os.geteuid()}"))
+    """The judge's working folder (`config.default_work_root`), made traversable, not listable, by sandbox uids."""
+    from .config import default_work_root
+    root = default_work_root()
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o711)
     return root
