@@ -176,14 +176,16 @@ class Judge:
                 "judge_code": hashlib.sha256(json.dumps(self._integrity, sort_keys=True).encode()).hexdigest()})
 
     # -------------------------------------------------------------------------------- public
-    def check_reference(self, task: Task) -> Verdict:
+    def check_reference(self, task: Task, *, stochastic: bool = False) -> Verdict:
         """The judge's checks of a task on its own, for task sets (synthesis, imports): the
         reference loads and runs in this harness, then runs again as a trusted candidate in an
         isolated process on the judge's fresh input sets (weights through state_dict) and must
         reproduce the harness's outputs there within tolerance, leave its inputs unmodified and give
         outputs that are not degenerate (`task_warnings`). `eager` is its time under the call
         protocol. No candidate policy applies: the reference is not a candidate. A task that fails
-        gets correct=False and the reason in `failure`."""
+        gets correct=False and the reason in `failure`. A reference that draws random numbers is
+        refused (a task set's task must be deterministic) unless `stochastic`: then its second run
+        is judged statistically against the first, as candidates of such a task are."""
         t0 = time.monotonic()
         cfg = self.config
         ev = self._new_evaluation(task, "reference", "reference")
@@ -191,7 +193,7 @@ class Judge:
         try:
             ref = self._reference(task)
             setup = make_setup(task, ref, secrets.randbits(31), cfg)
-            if setup.randomness is not None:
+            if setup.randomness is not None and not stochastic:
                 # a task set's task must give the same output for the same inputs: candidates are
                 # judged statistically against a stochastic reference, but a task is not one
                 raise _Stop(FC.MISMATCH, f"the reference draws random numbers ({setup.randomness}: outputs differ "
