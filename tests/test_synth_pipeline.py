@@ -89,6 +89,10 @@ def test_cli_runs_resumes_and_prints_the_rejection_table(tmp_path, catalog_file)
     assert "removed by each filter" in first.stdout and "accepted" in first.stdout and "tasks/hour" in first.stdout
     before = read_records(out)
     assert sum(r.accepted for r in before) >= 3
+    # off a terminal there is no bar: one line per finished candidate, on stderr
+    lines = [ln for ln in first.stderr.splitlines() if " candidates] " in ln]
+    assert len(lines) == len(before), first.stderr[-3000:]
+    assert all(f"{r.index} {r.name}" in "\n".join(lines) for r in before)
     with (out / "candidates.jsonl").open("a") as fh:
         fh.write('{"index": 999, "se')                     # a line cut by an interrupted run
     second = _cli(["--n", "5", *common])

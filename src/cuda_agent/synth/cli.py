@@ -28,8 +28,14 @@ class _RichProgress:
 
     def update(self, accepted: int, candidates: int, last) -> None:
         why = last.rejection.filter if last.rejection else "accepted"
-        self.p.update(self.task, completed=min(accepted, self.p.tasks[0].total or accepted),
-                      info=f"{candidates} candidates, last: {why}")
+        total = self.p.tasks[0].total or accepted
+        self.p.update(self.task, completed=min(accepted, total), info=f"{candidates} candidates, last: {why}")
+        if not self.p.console.is_terminal:  # a log gets no bar (rich draws none there): one line per item
+            what = "accepted" if last.accepted else f"rejected by {why}"
+            if last.judge is not None and last.judge.ok:
+                what += " (judge's reference check passed)"
+            self.p.console.print(f"[{accepted}/{total} accepted, {candidates} candidates] "
+                                 f"{last.index} {last.name or '(unnamed)'}: {what}", markup=False, highlight=False)
 
     def stop(self) -> None:
         self.p.stop()
