@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict
 
 from cuda_agent.train.rolloutbench import run_rollout_bench
@@ -27,7 +28,17 @@ def main() -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--no-fast-decode", action="store_true", help="decode through transformers' modules")
     a = p.parse_args()
-    fig = run_rollout_bench(shape=a.shape, episodes=a.episodes, turns=a.turns, prompt_tokens=a.prompt,
+    t0 = time.monotonic()
+    total = a.episodes * a.turns
+
+    def on_turn(replies: int, generated: int) -> None:
+        # a line per tenth of the replies on stderr: a long run shows it is moving
+        if replies % max(total // 10, 1) == 0 or replies == total:
+            s = time.monotonic() - t0
+            print(f"[{s:7.1f} s] {replies}/{total} replies, {generated} tokens generated "
+                  f"({generated / max(s, 1e-9):.0f} tokens/s)", file=sys.stderr, flush=True)
+
+    fig = run_rollout_bench(on_turn=on_turn, shape=a.shape, episodes=a.episodes, turns=a.turns, prompt_tokens=a.prompt,
                             reply_tokens=a.reply, judge_s=a.judge_s, device=a.device,
                             fast_decode=not a.no_fast_decode, ignore_eos=True)
     print(json.dumps(asdict(fig)))

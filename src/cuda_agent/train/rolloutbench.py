@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,17 +101,24 @@ class ScriptedPolicy:
     `reply_tokens` tokens too. Its history thus diverges from what the inner policy cached, so the
     next turn prefills the reply again: a real model's reply would have been cached (conservative)."""
 
-    def __init__(self, inner, tokenizer, calls: list[str], reply_tokens: int, filler: str):
+    def __init__(self, inner, tokenizer, calls: list[str], reply_tokens: int, filler: str, on_turn=None):
         self.inner, self.tok, self.calls, self.reply_tokens = inner, tokenizer, calls, reply_tokens
         self.filler_ids = tokenizer.encode(filler, add_special_tokens=False)
         self.turns: dict[str, int] = {}
         self.generated = 0
+        self.replies = 0
+        self._lock = threading.Lock()   # episodes call from threads of their own
+        self.on_turn = on_turn   # called after each reply with (replies so far, tokens generated so far)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
                  session: str | None = None) -> Generation:
         n = min(self.reply_tokens, max_new_tokens)
         gen = self.inner.generate(prompt_ids, n, temperature, session=session)   # the real reply's cost
-        self.generated += len(gen.token_ids)
+        with self._lock:
+            self.generated += len(gen.token_ids)
+            self.replies += 1
+            if self.on_turn is not None:
+                self.on_turn(self.replies, self.generated)
         turn = self.turns.get(session or "", 0)
         self.turns[session or ""] = turn + 1
         call = self.tok.encode("\n" + self.calls[min(turn, len(self.calls) - 1)], add_special_tokens=False)
@@ -164,9 +172,10 @@ def padded_task(prompt_tokens: int, tokenizer, device: str) -> Task:
 
 def run_rollout_bench(*, shape: str = "tiny", episodes: int = 32, turns: int = 10, prompt_tokens: int = 4096,
                       reply_tokens: int = 512, judge_s: float = 0.0, device: str | None = None,
-                      workdir: Path | None = None, seed: int = 0, **policy_options) -> RolloutFigures:
+                      workdir: Path | None = None, seed: int = 0, on_turn=None, **policy_options) -> RolloutFigures:
     """`episodes` agentic episodes at once, each `turns` turns of `reply_tokens`-token replies over a
-    prompt of about `prompt_tokens`, through the engine, the real tools and the stand-in judge."""
+    prompt of about `prompt_tokens`, through the engine, the real tools and the stand-in judge.
+    `on_turn(replies, generated_tokens)` is called after every reply (progress)."""
     import tempfile
 
     import torch
@@ -192,7 +201,8 @@ def run_rollout_bench(*, shape: str = "tiny", episodes: int = 32, turns: int = 1
                                             repeat_limit=max(turns + 1, 2)))
     inner = HFPolicy(model, tok.eos_token_id, seed=seed, device=dev, **policy_options)
     policy = ScriptedPolicy(inner, tok, script(task.name), reply_tokens,
-                            filler="I will write the kernel, build it and check it against the reference. ")
+                            filler="I will write the kernel, build it and check it against the reference. ",
+                            on_turn=on_turn)
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     root = Path(workdir or tempfile.mkdtemp(prefix="rollout-bench-"))
