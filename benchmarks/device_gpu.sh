@@ -119,7 +119,7 @@ case "$stage" in
     # in 25.5 minutes over three calls. Carrying .fidelity replaces the folder on the machine: copy the
     # verdicts.jsonl the last call brought back into it first, or a warm machine loses what it judged.
     # benchmarks/fidelity_reviewed.json: the refusals classified by reading the solution's source.
-    timeout ${FID_TIMEOUT:-560} python3 benchmarks/fidelity.py --corpus .corpus --out "${FID_OUT:-.fidelity}" \
+    timeout ${FID_TIMEOUT:-560} cuda-agent fidelity --corpus .corpus --out "${FID_OUT:-.fidelity}" \
       --time-budget ${FID_BUDGET:-7} --explain benchmarks/fidelity_reviewed.json ${FID_ARGS:-} \
       > "$out/fidelity.log" 2>&1
     echo "fidelity rc=$?"

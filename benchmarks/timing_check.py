@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity import parse_ncu_csv  # noqa: E402  (the benchmarks' one reader of ncu's CSV)
+from cuda_agent.hardware.ncu import parse_ncu_csv  # noqa: E402  (the project's one reader of ncu's CSV)
 
 EW_CU = r"""
 #include <cuda_runtime.h>

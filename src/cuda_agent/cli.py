@@ -401,8 +401,10 @@ _register_train(app)
 app.command("synth")(synth_cmd)
 app.command("sol")(sol_cmd)
 from cuda_agent.serve.cli import serve_cmd  # noqa: E402  (defined with the serve package)
+from cuda_agent.fidelity.cli import fidelity_cmd  # noqa: E402  (the leaderboard corpus, judged)
 
 app.command("serve")(serve_cmd)
+app.command("fidelity")(fidelity_cmd)
 
 
 def main() -> None:  # pragma: no cover
