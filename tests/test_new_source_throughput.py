@@ -1,5 +1,5 @@
-"""cuda_agent.fidelity.new_source (benchmarks/new_source_throughput.py): the report of a cold run (no device, nothing judged here; the
-run itself is the lead's, on the GPU machine)."""
+"""cuda_agent.fidelity.new_source (benchmarks/new_source_throughput.py): the report of a cold run (no device,
+nothing judged here; the run itself is the lead's, on the GPU machine)."""
 
 from __future__ import annotations
 
