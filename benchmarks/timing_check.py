@@ -58,25 +58,6 @@ cudaError_t scale_shift_launch(const float* x, float* y, int64_t n, cudaStream_t
     return cudaGetLastError();
 }
 """
-# The same kernel compiled at run time (NVRTC) by the probes that build nothing (plane_bandwidth.py,
-# clock_ramp.py, judge_replica.py), launched as EW_CU launches it: Python to run where `torch` is
-# imported, defining `ew_call(x, out)`. torch's launcher passes Python ints as C ints, so the
-# length is an int (an int64 parameter would read 4 bytes past the argument).
-EW_PROBE = r"""
-EW = r'''
-extern "C" __global__ void scale_shift_kernel(const float4* __restrict__ x, float4* __restrict__ y, int n4) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
-        float4 v = x[i];
-        y[i] = make_float4(v.x * 2.0f + 1.0f, v.y * 2.0f + 1.0f, v.z * 2.0f + 1.0f, v.w * 2.0f + 1.0f);
-    }
-}
-'''
-ew = torch.cuda._compile_kernel(EW, "scale_shift_kernel")
-
-def ew_call(x, out):
-    n4 = x.numel() // 4
-    ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, out, n4])
-"""
 EW_BINDING = r"""
 #include "binding_registry.h"
 #include <c10/cuda/CUDAStream.h>
