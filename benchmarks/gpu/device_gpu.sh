@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
-#   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
-#   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
+#   bash benchmarks/gpu/device_gpu.sh STAGE [OUT_DIR]
+#   bash benchmarks/gpu/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
 # Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, keepplane, memdiag, plane,
 # fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
 # DEADLINE (seconds since the epoch) shortens the synth stage's generation to end before it.
-# Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic: benchmarks/device_wheels.sh
+# Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic: benchmarks/gpu/device_wheels.sh
 # fetches them) and this package in place.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 stage=${1:-smoke}
 if [ "$stage" = pair ]; then out=${4:-${OUT:-runs/device}}; else out=${2:-${OUT:-runs/device}}; fi
 mkdir -p "$out"
@@ -194,7 +194,7 @@ case "$stage" in
     done
     ;;
   plane)
-    timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
+    timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
     ;;
   steps)
     # The judge-step figures: the workspace form (where the targets apply) first, then the single file.

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The training stages on a CUDA machine with the tiny model (no download) and the real judge:
-#   bash benchmarks/train_gpu.sh STAGE [OUT_DIR]      STAGE: toy | stages | toy+stages
+#   bash benchmarks/gpu/train_gpu.sh STAGE [OUT_DIR]      STAGE: toy | stages | toy+stages
 # toy: the learning check (CPU judge backend, the policy on the GPU), then RFT on the toy's episodes;
 # stages: warm-up, critic and agentic PPO on the CUDA suite with the CUDA judge, for episodes per
 # hour and the time split. Installs wheels from ./.whl (pydantic etc.) and this package in place,
 # as device_gpu.sh does.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 stage=${1:-toy}
 out=${2:-${OUT:-runs/train}}
 mkdir -p "$out"
