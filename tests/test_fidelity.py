@@ -571,6 +571,9 @@ def test_end_to_end_on_cpu_classifies_resumes_and_reports(tmp_path, tmp_path_fac
     first = run_script(*common)
     assert first.returncode == 0, first.stderr[-4000:]
     assert "judging 7 on cpu (lenient policy)" in first.stderr
+    # not on a terminal (a log): one line per judged record instead of a progress bar
+    assert len(re.findall(r"^\[\d/7\] l\d_p\d+_model-[a-g]: (correct|rejected \(\w+\)|not judged)", first.stderr,
+                          re.M)) == 7, first.stderr[-3000:]
 
     report = json.loads((out / "fidelity.json").read_text())
     got = {x["key"]: (x["class"], x["rule"]) for x in report["records"]}
