@@ -120,7 +120,7 @@ def judge_cuda_files(code: str) -> list[str]:
 
 def corpus_sources(corpus: Path, sample: int, seed: int) -> list[tuple[str, str]]:
     """(label, cuda.cu) of `sample` corpus solutions whose CUDA sources include torch/extension.h."""
-    from fidelity import corpus_root
+    from cuda_agent.fidelity import corpus_root
 
     root = corpus_root(corpus)
     found = []

@@ -47,19 +47,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.measure.steps import cold_variant
+
 PUBLISHED_LABEL = "released CUDA Agent workspace (published figure)"
 PUBLISHED_S = 55.0
 PUBLISHED_FORM, PUBLISHED_MODE = "released CUDA Agent workspace", "(published figure)"
 FORMS = ("file", "workspace")
 
-# First triple-quoted string assigned to a name that looks like C++/CUDA source, e.g.
-# `cuda_source = """`, `cpp_sources = r'''`, `relu_kernel_src = """`. Group 1 ends right after the
-# opening quotes, where the uuid comment goes.
-_CXX_STRING = re.compile(
-    r"""(^[ \t]*[A-Za-z_]\w*\s*(?::[^=\n]+)?=\s*[rRuUfF]{0,2}(?:\"\"\"|'''))""",
-    re.MULTILINE,
-)
-_CXX_NAME = re.compile(r"(?i)cpp|cuda|cxx|cu_|_cu\b|kernel|source|src")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -160,39 +154,6 @@ def choose(tasks: list, solutions: dict[str, dict[str, Path]], wanted: str | Non
         notes.append("no task has both forms: " + ", ".join(
             f"{form} on {t.name}" for form, t in chosen.items() if t is not None))
     return chosen, notes
-
-
-# --- making a source new ---------------------------------------------------------------------------
-
-def cold_variant(candidate, tag: str, one_folder: bool = True, bindings: bool = True):
-    """A copy of `candidate` whose C++/CUDA sources differ by a comment; None if that is not possible.
-    `one_folder`: a workspace keeps one origin (one agent editing its workspace, so ninja rebuilds
-    only what changed); otherwise each copy is its own workspace (many rollouts). `bindings=False`:
-    a workspace's kernels/*_binding.cpp stay as they were (an edit of the kernels alone)."""
-    from cuda_agent.candidate import Candidate
-
-    if candidate.kind == "workspace":
-        edited = [rel for rel, _ in candidate.kernels if bindings or not rel.endswith("_binding.cpp")]
-        if not edited:
-            return None
-        kernels = {rel: f"{src}\n// cold run {tag}\n" if rel in edited else src for rel, src in candidate.kernels}
-        # One origin for every cold run: like an agent editing its workspace in place, ninja's
-        # persistent build folder keeps the objects of unchanged files (the fixed binding.cpp).
-        return Candidate.from_files(candidate.model_new, kernels,
-                                    origin=f"{candidate.origin} (cold)" if one_folder else f"{candidate.origin} ({tag})")
-    if not bindings:
-        return None  # one module: its sources and its binding are one file
-    source = candidate.model_new
-    for match in _CXX_STRING.finditer(source):
-        target = match.group(1).split("=", 1)[0]
-        if _CXX_NAME.search(target):
-            end = match.end(1)
-            new = f"{source[:end]}// cold run {tag}\n{source[end:]}"
-            if not new.endswith("\n"):
-                new += "\n"
-            new += f"# {tag}\n"
-            return Candidate.from_source(new, origin=f"{candidate.origin} (cold {tag})")
-    return None
 
 
 # --- running ---------------------------------------------------------------------------------------

@@ -50,11 +50,9 @@ Example (CPU):   python benchmarks/throughput.py --device cpu --n 6 --compile-wo
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -62,83 +60,8 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from judge_step import cold_variant  # noqa: E402  (the same way of making a source new)
+from cuda_agent.measure.steps import PHASES, StepRecord, cold_variant, mean, step_summary, throughput_args
 
-PHASES = ("pool_queue", "prebuild", "build", "baseline", "start", "calls")
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="throughput.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--n", type=int, default=200, help="candidates measured (default 200)")
-    p.add_argument("--tasks", nargs="*", help="suite task names (default: every level-1 task with a solution)")
-    p.add_argument("--workers", type=int, help="judge workers (cuda: default one per GPU; cpu: default 1)")
-    p.add_argument("--judges-per-gpu", type=int, default=1,
-                   help="cuda: judge workers per GPU, taking turns for the timed calls (default 1)")
-    p.add_argument("--compile-workers", type=int, help="compile workers (default: the pool's default)")
-    p.add_argument("--built-ahead", action="store_true",
-                   help="build every candidate into the judge's cache before the clock starts (all cores), so "
-                        "the figure is the judge side's alone: a GPU whose compiles run on other machines")
-    p.add_argument("--agents", type=int, default=0, help="step-latency mode: this many agents share the judge")
-    p.add_argument("--steps", type=int, default=5, help="step-latency mode: steps per agent (default 5)")
-    p.add_argument("--warm", action="store_true", help="step-latency mode: the same source every step")
-    p.add_argument("--transport", choices=("local", "ray"), default="local",
-                   help="pool workers as local processes or as Ray actors (a local Ray instance)")
-    p.add_argument("--judge-url", help="judge through a running `cuda-agent serve` instead of an in-process pool")
-    p.add_argument("--out", type=Path, default=Path("runs/throughput.json"))
-    p.add_argument("--cache-root", type=Path, help="cache folder to use (default: a fresh temporary one, removed)")
-    p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
-                   help="JudgeConfig override, e.g. -c n_timed=20 (device and cache_dir are set here)")
-    args = p.parse_args(argv)
-    if args.n < 1:
-        p.error("--n must be at least 1")
-    if args.agents < 0 or args.steps < 1:
-        p.error("--agents must be at least 0 and --steps at least 1")
-    if args.built_ahead and (args.judge_url or args.agents):
-        p.error("--built-ahead needs the in-process pool (not --judge-url) and the throughput mode (not --agents)")
-    if args.judge_url and args.transport != "local":
-        p.error("--judge-url and --transport ray exclude each other (start the service with --ray instead)")
-    return args
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation between order statistics."""
-    if not xs:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} is not in [0, 100]")
-    ys = sorted(xs)
-    pos = (len(ys) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(ys) - 1)
-    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
-
-
-class StepRecord:
-    """One agent step: its latency (submit to verdict) and the verdict's phases."""
-
-    __slots__ = ("agent", "step", "latency_s", "phase_s", "correct")
-
-    def __init__(self, agent: int, step: int, latency_s: float, phase_s: dict[str, float], correct: bool):
-        self.agent, self.step, self.latency_s, self.phase_s, self.correct = agent, step, latency_s, phase_s, correct
-
-
-def step_summary(records: list[StepRecord]) -> dict:
-    """p50/p95/max step latency, and per step the mean seconds waiting in the queue, in the judge's
-    phases and unaccounted for (transport: HTTP, scheduling, the verdict's way back)."""
-    lat = [r.latency_s for r in records]
-    phases = {k: mean([r.phase_s.get(k, 0.0) for r in records]) for k in PHASES}
-    judged = sum(phases[k] for k in PHASES if k not in ("pool_queue", "prebuild"))
-    return {"steps": len(records), "correct": sum(r.correct for r in records),
-            "p50_s": percentile(lat, 50), "p95_s": percentile(lat, 95), "max_s": max(lat),
-            "mean_s": mean(lat), "mean_phase_s": phases,
-            # part of `calls`: waiting for a GPU other judges share (--judges-per-gpu), i.e. for
-            # the timed calls of the steps ahead
-            "mean_device_wait_s": mean([r.phase_s.get("calls:device_wait", 0.0) for r in records]),
-            "queue_share": phases["pool_queue"] / mean(lat) if mean(lat) > 0 else 0.0,
-            "mean_unaccounted_s": max(0.0, mean(lat) - phases["pool_queue"] - judged)}
 
 
 def run_agents(judge, tasks, originals, agents: int, steps: int, warm: bool, cold_variant) -> list[StepRecord]:
@@ -174,12 +97,8 @@ def run_agents(judge, tasks, originals, agents: int, steps: int, warm: bool, col
     return records
 
 
-def mean(xs: list[float]) -> float:
-    return statistics.fmean(xs) if xs else 0.0
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = throughput_args(argv, __doc__)
     from rich.console import Console
     from rich.table import Table
 

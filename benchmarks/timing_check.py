@@ -40,8 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity import parse_ncu_csv  # noqa: E402  (the benchmarks' one reader of ncu's CSV)
+from cuda_agent.measure.gpu import GpuClocks, markers, ncu_ms_per_forward  # noqa: E402
 
 EW_CU = r"""
 #include <cuda_runtime.h>
@@ -58,25 +57,6 @@ cudaError_t scale_shift_launch(const float* x, float* y, int64_t n, cudaStream_t
     scale_shift_kernel<<<blocks, 256, 0, stream>>>((const float4*)x, (float4*)y, n4);
     return cudaGetLastError();
 }
-"""
-# The same kernel compiled at run time (NVRTC) by the probes that build nothing (plane_bandwidth.py,
-# clock_ramp.py, judge_replica.py), launched as EW_CU launches it: Python to run where `torch` is
-# imported, defining `ew_call(x, out)`. torch's launcher passes Python ints as C ints, so the
-# length is an int (an int64 parameter would read 4 bytes past the argument).
-EW_PROBE = r"""
-EW = r'''
-extern "C" __global__ void scale_shift_kernel(const float4* __restrict__ x, float4* __restrict__ y, int n4) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
-        float4 v = x[i];
-        y[i] = make_float4(v.x * 2.0f + 1.0f, v.y * 2.0f + 1.0f, v.z * 2.0f + 1.0f, v.w * 2.0f + 1.0f);
-    }
-}
-'''
-ew = torch.cuda._compile_kernel(EW, "scale_shift_kernel")
-
-def ew_call(x, out):
-    n4 = x.numel() // 4
-    ew(grid=(min((n4 + 255) // 256, 132 * 16), 1, 1), block=(256, 1, 1), args=[x, out, n4])
 """
 EW_BINDING = r"""
 #include "binding_registry.h"
@@ -274,104 +254,6 @@ with torch.no_grad():
 """
 
 
-def markers(calls) -> dict:
-    """What the gated timed calls' markers say: the median time from the start marker to the end
-    marker, and how many calls were timed longer because the device looked busy past the end
-    marker (CallTimer.stop: the idle marker, less the host's reaction, beyond the slack). An honest
-    kernel on one stream should have none; many means the host's reaction after a long wait is
-    read as work. And the checked calls' median device time of their kernels in CUDA's activity
-    records (`kernel_ms`): near the gated time, the kernels themselves ran that long in the judge's
-    process; near Nsight Compute's, the time went between or around them. `waited`: how many timed
-    calls' timing thread waited for a core while it waited for the device (`run_delay_ms`; the
-    idle marker is that much late, and timing.device_busy_ms takes it off, within its cap). `lag_ms`:
-    the timed calls' median lag of the idle marker behind the end marker."""
-    import statistics
-
-    kernel = [c.kernel_ms for c in calls if c.role == "check" and getattr(c, "kernel_ms", None) is not None]
-    kernel_ms = statistics.median(kernel) if kernel else None
-    timed = [c for c in calls if c.role == "timed" and c.stream_ms is not None and c.inside_ms is not None]
-    if not timed:
-        return {"stream_ms": None, "past_end": None, "kernel_ms": kernel_ms, "waited": None, "lag_ms": None}
-    past = sum(c.inside_ms > c.stream_ms * 1.0001 + 1e-6 for c in timed)
-    waited = sum((getattr(c, "run_delay_ms", None) or 0.0) > 0.001 for c in timed)
-    lags = [c.lag_ms for c in timed if getattr(c, "lag_ms", None) is not None]
-    return {"stream_ms": statistics.median(c.stream_ms for c in timed), "past_end": f"{past}/{len(timed)}",
-            "kernel_ms": kernel_ms, "waited": f"{waited}/{len(timed)}",
-            "lag_ms": round(statistics.median(lags), 4) if lags else None}
-
-
-class GpuClocks:
-    """The GPU's SM clock, power and used memory while a block runs, sampled by `nvidia-smi` every
-    50 ms: a long compute-bound kernel timed back to back can run at lower clocks (power or heat)
-    than the same kernel replayed once under Nsight Compute. The used memory (every process's) is
-    kept with the time of each sample: GPU memory that any process frees slows a memory-bound
-    kernel in another for a while after (`judge_replica.py --conditions frees`), so
-    `memory_changes` says whether any process allocated or freed during a window of the block,
-    e.g. the judge's calls. Nothing is sampled without nvidia-smi."""
-
-    FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "memory.used")
-
-    def __enter__(self) -> "GpuClocks":
-        import threading
-
-        self.samples: list[tuple[float, list[float]]] = []  # (seconds since the start, values)
-        exe = shutil.which("nvidia-smi")
-        gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
-        self.t0 = time.monotonic()
-        self.t_end: float | None = None
-        self.proc = subprocess.Popen(
-            [exe, f"--query-gpu={','.join(self.FIELDS)}", "--format=csv,noheader,nounits", "-lms", "50", "-i", gpu],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) if exe else None
-        # read as the samples come, so each has its time
-        self._reader = threading.Thread(target=self._read, daemon=True) if self.proc else None
-        if self._reader:
-            self._reader.start()
-        return self
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                values = [float(x) for x in line.split(",")]
-            except ValueError:
-                continue  # "[N/A]" and the like
-            if len(values) == len(self.FIELDS):
-                self.samples.append((time.monotonic() - self.t0, values))
-
-    def __exit__(self, *exc) -> None:
-        self.t_end = time.monotonic() - self.t0
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(timeout=5)
-
-    def memory_changes(self, last_s: float, min_mib: float = 64.0) -> list[list[float]]:
-        """[seconds before the block's end, used MiB] at each change of at least `min_mib` in the
-        block's last `last_s` seconds (the first sample of the window included)."""
-        if not self.samples or self.t_end is None:
-            return []
-        window = [(t, v[4]) for t, v in self.samples if t >= self.t_end - last_s]
-        out: list[list[float]] = []
-        for t, mib in window:
-            if not out or abs(mib - out[-1][1]) >= min_mib:
-                out.append([round(self.t_end - t, 3), mib])
-        return out
-
-    def summary(self) -> dict | None:
-        if not self.samples:
-            return None
-        import statistics
-
-        col = list(zip(*(v for _, v in self.samples)))
-        return {"samples": len(self.samples), "sm_mhz_median": statistics.median(col[0]), "sm_mhz_min": min(col[0]),
-                "mem_mhz_median": statistics.median(col[1]), "power_w_max": max(col[2]),
-                "temp_c_max": max(col[3]), "used_mib_min": min(col[4]), "used_mib_max": max(col[4])}
-
-
 def ncu_ms(lib: Path | None, model_new: Path, task_file: Path, calls: int = 5) -> float | None:
     """Summed gpu__time_duration of the profiled forwards, per forward (ms). `lib` None: the
     candidate runs PyTorch only."""
@@ -388,12 +270,6 @@ def ncu_ms(lib: Path | None, model_new: Path, task_file: Path, calls: int = 5) -
     with counters_lock().hold(exclusive=True):  # one ncu per GPU
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return ncu_ms_per_forward(out.stdout, calls)
-
-
-def ncu_ms_per_forward(text: str, calls: int) -> float | None:
-    """Summed gpu__time_duration of every kernel in `ncu --csv` output, per forward (ms)."""
-    kernels = parse_ncu_csv(text)
-    return sum(k["ns"] for k in kernels) / calls / 1e6 if kernels else None
 
 
 def main() -> int:

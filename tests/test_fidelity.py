@@ -1,11 +1,10 @@
-"""benchmarks/fidelity.py: the corpus format and its problem mapping, the classification rules, the
+"""cuda_agent.fidelity (`cuda-agent fidelity`): the corpus format and its problem mapping, the classification rules, the
 statistics, the ncu CSV parser, and an end-to-end run on a tiny corpus of C++ (load_inline)
 solutions judged for real on the CPU backend (correct ones, a compile error, wrong results, a result
 just above the tolerance, a lenient-policy refusal), resumed, re-reported with reviewed records."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,19 +17,11 @@ import pytest
 
 from conftest import judge_cache_dir
 
+from cuda_agent import fidelity as fid
+
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "fidelity.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("fidelity_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fid = _load_script()
+COMMAND = [sys.executable, "-m", "cuda_agent.cli", "fidelity"]
+RUNNER = [sys.executable, "-m", "cuda_agent.fidelity.ncu_runner"]
 
 # ------------------------------------------------------------------------------- a tiny corpus
 
@@ -219,7 +210,7 @@ def make_corpus(root: Path, records=RECORDS, with_data_json: bool = True) -> Pat
 
 def run_script(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200")
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO)
 
 
@@ -497,8 +488,8 @@ def test_run_ncu_sums_kernel_time_per_forward(tmp_path, monkeypatch):
     args = json.loads(argv_file.read_text())
     assert args[:4] == ["--csv", "--print-units", "base", "--metrics"] and "gpu__time_duration.sum" in args
     assert args[args.index("--profile-from-start") + 1] == "off"
-    runner = args[args.index("--ncu-runner") - 1:]
-    assert runner[0] == str(SCRIPT) and runner[2:4] == [str(record.problem), str(tmp_path / "out" / "ncu" /
+    runner = args[args.index("-m"):]
+    assert runner[1] == "cuda_agent.fidelity.ncu_runner" and runner[2:4] == [str(record.problem), str(tmp_path / "out" / "ncu" /
                                                                                   record.key / "solution.py")]
     assert (tmp_path / "out" / "ncu" / record.key / "solution.py").read_text() == record.code
 
@@ -525,7 +516,7 @@ def test_ncu_runner_builds_modelnew_with_reference_globals(tmp_path):
     solution = tmp_path / "solution.py"
     solution.write_text(TRY_EXCEPT.replace("return x * torch.sigmoid(x)",
                                            "return (x * torch.sigmoid(x)).reshape(-1, COLS)"))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--ncu-runner", str(problem), str(solution),
+    proc = subprocess.run([*RUNNER, str(problem), str(solution),
                            "--forwards", "2", "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stderr.strip().splitlines()[-1]) == {"forwards": 2, "output_shapes": [[128, 512]]}
@@ -580,6 +571,9 @@ def test_end_to_end_on_cpu_classifies_resumes_and_reports(tmp_path, tmp_path_fac
     first = run_script(*common)
     assert first.returncode == 0, first.stderr[-4000:]
     assert "judging 7 on cpu (lenient policy)" in first.stderr
+    # not on a terminal (a log): one line per judged record instead of a progress bar
+    assert len(re.findall(r"^\[\d/7\] l\d_p\d+_model-[a-g]: (correct|rejected \(\w+\)|not judged)", first.stderr,
+                          re.M)) == 7, first.stderr[-3000:]
 
     report = json.loads((out / "fidelity.json").read_text())
     got = {x["key"]: (x["class"], x["rule"]) for x in report["records"]}
@@ -857,7 +851,7 @@ def test_ncu_sample_builds_ahead_in_folders_of_its_own_and_the_run_loads_those_b
     assert len(built) == 1, built
     stamp = built[0].stat().st_mtime_ns
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(out / "ncu" / good.key / "torch_extensions"))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--ncu-runner", str(good.problem),
+    proc = subprocess.run([*RUNNER, str(good.problem),
                            str(out / "ncu" / good.key / "solution.py"), "--forwards", "1", "--device", "cpu"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr

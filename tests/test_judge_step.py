@@ -1,20 +1,10 @@
-"""benchmarks/judge_step.py: how a cold step makes a source new (no device, no judge)."""
+"""benchmarks/judge_step.py's cold steps (cuda_agent.measure.steps): how a cold step makes a source new (no
+device, no judge)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from cuda_agent.candidate import Candidate
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "judge_step.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("judge_step_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from cuda_agent.measure import steps as js
 
 
 MODEL_NEW = "import torch\nimport cuda_extension\nclass ModelNew(torch.nn.Module):\n    pass\n"
@@ -22,7 +12,6 @@ KERNELS = {"kernels/scale.cu": "__global__ void k() {}\n", "kernels/scale_bindin
 
 
 def test_a_cold_step_edits_every_kernel_file_and_a_kernels_only_step_leaves_the_bindings():
-    js = _script()
     ws = Candidate.from_files(MODEL_NEW, KERNELS, origin="ws")
     every = dict(js.cold_variant(ws, "t1").kernels)
     assert all("cold run t1" in src for src in every.values())

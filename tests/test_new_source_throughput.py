@@ -1,27 +1,13 @@
-"""benchmarks/new_source_throughput.py: the report of a cold run (no device, nothing judged here; the
-run itself is the lead's, on the GPU machine)."""
+"""cuda_agent.fidelity.new_source (benchmarks/new_source_throughput.py): the report of a cold run (no device,
+nothing judged here; the run itself is the lead's, on the GPU machine)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "new_source_throughput.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("new_source_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["new_source_throughput"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-nst = _load()
+from cuda_agent.fidelity import new_source as nst
 
 
 def _entry(key, task, judged_at, verdict=None, error=None):

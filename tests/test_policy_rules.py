@@ -4,6 +4,7 @@ bytes of the candidate's own."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from cuda_agent.judge.policy import check_cpp, check_python
@@ -133,18 +134,19 @@ def test_finalisers_are_refused_they_run_on_the_interpreters_schedule():
     assert check_python("import torch\n\nclass Keeper:\n    def __enter__(self):\n        return self\n", "lenient") == []
 
 
-def test_the_corpus_benchmark_reads_the_bundled_code_and_compares_runs(tmp_path):
-    import subprocess
-    import sys
+def test_the_corpus_benchmark_reads_the_bundled_code_and_compares_runs(tmp_path, capsys):
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "policy_corpus.py"
+    from cuda_agent.fidelity.policy_corpus import main
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
     out = tmp_path / "now.json"
-    first = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
-    assert first.returncode == 0 and "lenient: 0 of" in first.stdout, first.stdout + first.stderr
-    again = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "again.json"), "--compare", str(out)],
-                           capture_output=True, text=True)
-    assert again.returncode == 0 and "0 verdicts differ" in again.stdout, again.stdout + again.stderr
+    assert main(["--out", str(out)], fixtures=fixtures) == 0
+    first = capsys.readouterr().out
+    assert "lenient: 0 of" in first, first
+    assert any(k.startswith("fixtures/") for k in json.loads(out.read_text()))
+    assert main(["--out", str(tmp_path / "again.json"), "--compare", str(out)], fixtures=fixtures) == 0
+    assert "0 verdicts differ" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------ compiler and linker flags

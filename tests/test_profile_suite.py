@@ -1,22 +1,16 @@
-"""benchmarks/profile_suite.py without a GPU: it reads the kernel time out of the profile tool's own
-summary text, and names the bundled workspace solutions it can profile."""
-
-import importlib.util
-from pathlib import Path
+"""cuda_agent.measure.profile (benchmarks/profile_suite.py) without a GPU: it reads the kernel time out of the
+profile tool's own summary text, and names the bundled workspace solutions it can profile."""
 
 import pytest
 
 from cuda_agent.hardware import ncu
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_suite.py"
-
 
 @pytest.fixture(scope="module")
 def suite_mod():
-    spec = importlib.util.spec_from_file_location("profile_suite", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from cuda_agent.measure import profile
+
+    return profile
 
 
 def _counters(i: int, name: str, ns: float) -> ncu.KernelCounters:

@@ -368,7 +368,7 @@ SWISH = task("self.fc = nn.Linear(64, 128)", "x = self.fc(x)\nx = x * torch.sigm
 
 
 def _edits(src: str) -> dict[str, str]:
-    """Meaning-preserving rewrites the static measures missed (see benchmarks/decontam.py)."""
+    """Meaning-preserving rewrites the static measures missed (see cuda_agent.synth.edits, `cuda-agent synth decontam`)."""
     return {
         "silu": src.replace("x = x * torch.sigmoid(x)", "x = F.silu(x)"),
         "alias": src.replace("class Model(", "class DenseStack(") + "\n\nModel = DenseStack\n",

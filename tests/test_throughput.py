@@ -1,24 +1,16 @@
-"""benchmarks/throughput.py's step-latency arithmetic (the judge itself is exercised by the benchmark
-on the device, and by the pool's and the service's tests here)."""
+"""benchmarks/throughput.py's step-latency arithmetic (cuda_agent.measure.steps) (the judge itself is
+exercised by the benchmark on the device, and by the pool's and the service's tests here)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "throughput.py"
 
 
 @pytest.fixture(scope="module")
 def throughput():
-    spec = importlib.util.spec_from_file_location("throughput_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["throughput_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    from cuda_agent.measure import steps
+
+    return steps
 
 
 def test_percentile_interpolates_between_order_statistics(throughput):
@@ -49,8 +41,8 @@ def test_step_summary_splits_a_step_into_queue_judge_and_transport(throughput):
 
 def test_arguments_are_checked(throughput):
     with pytest.raises(SystemExit):
-        throughput.parse_args(["--agents", "-1"])
+        throughput.throughput_args(["--agents", "-1"])
     with pytest.raises(SystemExit):
-        throughput.parse_args(["--judge-url", "http://127.0.0.1:1", "--transport", "ray"])
-    args = throughput.parse_args(["--agents", "8", "--steps", "10", "--warm"])
+        throughput.throughput_args(["--judge-url", "http://127.0.0.1:1", "--transport", "ray"])
+    args = throughput.throughput_args(["--agents", "8", "--steps", "10", "--warm"])
     assert (args.agents, args.steps, args.warm, args.transport) == (8, 10, True, "local")

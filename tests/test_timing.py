@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from cuda_agent.judge import harness, timing
 from cuda_agent.judge.timing import reconcile
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "timing_check.py"
 
 
 def test_protocol_cost_measured_next_to_each_call_keeps_an_honest_fast_claim():
@@ -54,9 +50,8 @@ def test_a_claim_below_every_call_of_the_judges_clock_is_still_refused():
 
 
 def test_ncu_csv_is_summed_per_forward():
-    spec = importlib.util.spec_from_file_location("timing_check", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from cuda_agent.measure import gpu as mod
+
     text = "\n".join([
         "==PROF== Connected to process 1234",
         '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
@@ -73,9 +68,8 @@ def test_ncu_csv_is_summed_per_forward():
 
 
 def test_gpu_clocks_are_sampled_from_nvidia_smi_while_a_block_runs(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("timing_check", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from cuda_agent.measure import gpu as mod
+
     fake = tmp_path / "nvidia-smi"  # what `--format=csv,noheader,nounits -lms 50` prints, then waits
     fake.write_text("#!/bin/sh\necho '1980, 2619, 450.50, 60, 5000'\necho '[N/A], 2619, [N/A], 61, 5000'\n"
                     "echo '1755, 2619, 690.10, 71, 5010'\nsleep 1\necho '1800, 2619, 700.00, 72, 9100'\n"
@@ -102,9 +96,8 @@ def test_gpu_clocks_are_sampled_from_nvidia_smi_while_a_block_runs(tmp_path, mon
 def test_timing_check_counts_calls_timed_past_their_end_marker():
     from cuda_agent.judge.verdict import CallRecord
 
-    spec = importlib.util.spec_from_file_location("timing_check", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from cuda_agent.measure import gpu as mod
+
     calls = [CallRecord(index=i, role="timed", inside_ms=0.66 if i % 2 else 0.54, outside_ms=1.0, stream_ms=0.54,
                         run_delay_ms=0.03 if i == 1 else 0.0, lag_ms=0.12 if i % 2 else 0.01 * (i + 1))
              for i in range(4)]

@@ -392,17 +392,19 @@ def doctor_cmd() -> None:
 
 
 from cuda_agent.agent.cli import register as _register_agent  # noqa: E402  (solve, run)
-from cuda_agent.synth.cli import synth_cmd  # noqa: E402  (defined with the synth package)
+from cuda_agent.synth.cli import synth_app  # noqa: E402  (synth and its audits, with the synth package)
 from cuda_agent.hardware.cli import sol_cmd  # noqa: E402  (speed-of-light per task)
 from cuda_agent.train.cli import register as _register_train  # noqa: E402  (train: the RL stages)
 
 _register_agent(app)
 _register_train(app)
-app.command("synth")(synth_cmd)
+app.add_typer(synth_app, name="synth")
 app.command("sol")(sol_cmd)
 from cuda_agent.serve.cli import serve_cmd  # noqa: E402  (defined with the serve package)
+from cuda_agent.fidelity.cli import fidelity_cmd  # noqa: E402  (the leaderboard corpus, judged)
 
 app.command("serve")(serve_cmd)
+app.command("fidelity")(fidelity_cmd)
 
 
 def main() -> None:  # pragma: no cover

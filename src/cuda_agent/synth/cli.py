@@ -1,4 +1,5 @@
-"""The `cuda-agent synth` command (registered by cuda_agent.cli)."""
+"""The `cuda-agent synth` group (registered by cuda_agent.cli): synthesis itself (the group's own
+options), `synth audit` of an export, `synth decontam` of the decontamination filter."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 err = make_console(stderr=True)
+
+synth_app = typer.Typer(add_completion=False, rich_markup_mode=None)
 
 
 class _RichProgress:
@@ -78,8 +81,11 @@ def print_report(report, console: Console) -> None:
                       f"(generating and filtering: {filter_s:.1f} s)")
 
 
+@synth_app.callback(invoke_without_command=True)
 def synth_cmd(
-    out: Annotated[Path, typer.Option("--out", help="output folder: candidates log, catalog, tasks.parquet/.jsonl")],
+    ctx: typer.Context,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="output folder: candidates log, catalog, tasks.parquet/.jsonl (required to synthesize)")] = None,
     n: Annotated[int, typer.Option("--n", help="accepted tasks wanted")] = 6000,
     workers: Annotated[Optional[int], typer.Option("--workers", help="parallel isolated workers (default: cores / 2)")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda when available)")] = None,
@@ -115,7 +121,13 @@ def synth_cmd(
     """Synthesize fused-operator tasks: crawl seed ops, compose, filter in isolated workers, export.
 
     Resumable: rerun the same command to continue. Prints how many candidates each filter removed.
+    `cuda-agent synth audit` and `cuda-agent synth decontam` check an export and the decontamination.
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    if out is None:
+        err.print("[red]error:[/red] Missing option '--out' (the output folder of the synthesis)")
+        raise typer.Exit(2)
     from cuda_agent.judge.config import default_device
     from cuda_agent.settings import SettingsError, apply_overrides, read_file, validate
 
@@ -169,3 +181,92 @@ def synth_cmd(
         print_error(err, str(exc))
         raise typer.Exit(3)
     print_report(report, Console())
+
+
+@synth_app.command("audit")
+def audit_cmd(
+    tasks: Annotated[Path, typer.Argument(help="an export's tasks.jsonl")],
+    sets: Annotated[int, typer.Option("--sets", min=1, help="fresh input sets per task")] = 30,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    seed: Annotated[int, typer.Option("--seed", help="input set k is drawn under seed + k")] = 90_000,
+    batch: Annotated[Optional[int], typer.Option(
+        "--batch", min=1, help="probe every task at BATCH = this instead of its exported size (e.g. 16 on a CPU)")] = None,
+    time_limit: Annotated[Optional[float], typer.Option(
+        "--time-limit", help="seconds: start no new task after this; the tasks are then taken in a random order "
+                             "(seeded by --seed), so the audited part is a random sample of the export")] = None,
+    checks: Annotated[str, typer.Option(
+        "--checks", help="shortcuts (the filters' shortcut checks), criterion (the export criterion) or both")] = "both",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None,
+) -> None:
+    """Audit an export at the judge's tolerance, on input sets the filters never saw.
+
+    Every task of TASKS is rebuilt and probed with the synth worker's shortcut checks and held to the
+    export criterion, on --sets fresh input sets drawn under other seeds than the filters'. A task
+    that fails here passed the filters with a defect they missed. Tasks run in this process: audit
+    only exports you made. One line per task on stderr, the summary on stdout. Exit 0 whatever was
+    found, 2 on a usage error.
+    """
+    import json
+
+    from .audit import audit, summary
+
+    if not tasks.is_file():
+        print_error(err, f"{tasks}: no such file")
+        raise typer.Exit(2)
+    if checks not in ("shortcuts", "criterion", "both"):
+        print_error(err, f"--checks {checks}: choose shortcuts, criterion or both")
+        raise typer.Exit(2)
+    if device not in ("cpu", "cuda"):
+        print_error(err, f"--device {device}: choose cpu or cuda")
+        raise typer.Exit(2)
+    result = audit(tasks, sets, device, seed, batch, time_limit, checks)
+    result["batch"] = batch
+    typer.echo(summary(result))
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1))
+
+
+@synth_app.command("decontam")
+def decontam_cmd(
+    bench: Annotated[Path, typer.Option("--bench", help="benchmark folder (KernelBench layout, or flat as the "
+                                                        "leaderboard's docs/assets/problems)")],
+    level: Annotated[Optional[list[int]], typer.Option(
+        "--level", help="levels kept (file names lN_*, or folders levelN; repeatable; default 1, 2 and 3)")] = None,
+    all_levels: Annotated[bool, typer.Option("--all-levels", metavar="", help="every task of the folder")] = False,
+    edit: Annotated[Optional[list[str]], typer.Option(
+        "--edit", help="edit kinds (repeatable; default all): rename, resize, reorder, torch_to_F, noop, alias, "
+                       "subclass, helper, const_noop, silu, all")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="first N tasks only")] = None,
+    no_trace: Annotated[bool, typer.Option("--no-trace", metavar="", help="static measures only (no traced "
+                                                                          "operators)")] = False,
+    distinct: Annotated[Optional[Path], typer.Option("--distinct", help="a tasks.jsonl of more distinct tasks "
+                                                                        "(a synth export)")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None,
+) -> None:
+    """How many near-copies of benchmark tasks the decontamination filter catches.
+
+    Applies meaning-preserving edits to every task of --bench, one kind at a time, and asks the
+    synth pipeline's decontamination whether each edited task is a copy (the candidate traced in a
+    child process as the synth worker traces it); then 8 near-copies written by hand, and the false
+    positives on distinct tasks. Exit 0 with the table, 2 on a usage error.
+    """
+    import json
+
+    from .edit_check import measure, render
+    from .edits import EDITS
+
+    if not bench.is_dir():
+        print_error(err, f"--bench {bench}: no such folder")
+        raise typer.Exit(2)
+    unknown = sorted(set(edit or []) - set(EDITS))
+    if unknown:
+        print_error(err, f"--edit {', '.join(unknown)}: no such edit (choose from {', '.join(EDITS)})")
+        raise typer.Exit(2)
+    if distinct is not None and not distinct.is_file():
+        print_error(err, f"--distinct {distinct}: no such file")
+        raise typer.Exit(2)
+    levels = None if all_levels else (level or [1, 2, 3])
+    result = measure(bench, levels, edit or list(EDITS), limit, trace=not no_trace, distinct=distinct)
+    typer.echo(render(result))
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1))

@@ -308,5 +308,20 @@ def tiny_cmd(out_dir: Annotated[Path, typer.Argument(help="folder to write the m
     out.print(f"tiny model in {out_dir}")
 
 
+@train_app.command("metrics")
+def metrics_cmd(runs: Annotated[list[Path], typer.Argument(help="stage folders (OUT of warmup, rft, critic, "
+                                                               "ppo, collect), each holding metrics.jsonl")]) -> None:
+    """Print each run's metrics (OUT/metrics.jsonl) as a table, one row per step, and the time split
+    of its rollout steps: generation, tools, judge and training, with episodes per hour. Exit 2 when
+    a folder holds no metrics.jsonl."""
+    from .runmetrics import metrics_report
+
+    for root in runs:
+        if not (root / "metrics.jsonl").is_file():
+            _fail(f"{root}: no metrics.jsonl (a stage's --out folder holds one once a step has run)")
+    for root in runs:
+        typer.echo(metrics_report(root))   # tab-separated as written, for a reader or a pipe
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(train_app, name="train")

@@ -9,7 +9,7 @@ verdict's notes. This script checks the pieces one by one and prints one line ea
 2. one judge step of a small torch (lenient policy) candidate: its notes say whether the shared
    path was used, and its phases where the time went.
 
-    python benchmarks/gpu_plane_check.py
+    python benchmarks/gpu/gpu_plane_check.py
 """
 
 from __future__ import annotations

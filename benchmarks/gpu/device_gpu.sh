@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Runs the GPU tier and the GPU benchmarks on a CUDA machine, in stages that fit one call each.
-#   bash benchmarks/device_gpu.sh STAGE [OUT_DIR]
-#   bash benchmarks/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
+#   bash benchmarks/gpu/device_gpu.sh STAGE [OUT_DIR]
+#   bash benchmarks/gpu/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
 # Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, keepplane, memdiag, plane,
-# replica, frag, fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
+# fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
 # DEADLINE (seconds since the epoch) shortens the synth stage's generation to end before it.
-# Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic: benchmarks/device_wheels.sh
+# Installs wheels from ./.whl (packages the machine lacks, e.g. pydantic: benchmarks/gpu/device_wheels.sh
 # fetches them) and this package in place.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 stage=${1:-smoke}
 if [ "$stage" = pair ]; then out=${4:-${OUT:-runs/device}}; else out=${2:-${OUT:-runs/device}}; fi
 mkdir -p "$out"
@@ -119,7 +119,7 @@ case "$stage" in
     # in 25.5 minutes over three calls. Carrying .fidelity replaces the folder on the machine: copy the
     # verdicts.jsonl the last call brought back into it first, or a warm machine loses what it judged.
     # benchmarks/fidelity_reviewed.json: the refusals classified by reading the solution's source.
-    timeout ${FID_TIMEOUT:-560} python3 benchmarks/fidelity.py --corpus .corpus --out "${FID_OUT:-.fidelity}" \
+    timeout ${FID_TIMEOUT:-560} cuda-agent fidelity --corpus .corpus --out "${FID_OUT:-.fidelity}" \
       --time-budget ${FID_BUDGET:-7} --explain benchmarks/fidelity_reviewed.json ${FID_ARGS:-} \
       > "$out/fidelity.log" 2>&1
     echo "fidelity rc=$?"
@@ -127,12 +127,9 @@ case "$stage" in
     grep -v "━" "$out/fidelity.log" | cut -c1-300 | tail -60
     ;;
   release)
-    # Who opens the gate, and how the judge writes the inputs at its release: the shared mapping and
-    # the gate probed in a plain process first, then the judge's runtimes of the small sizes with the
-    # process's release, the judge's (inputs written by kernels of its context) and the judge's with
-    # release_writes=host (an H2D copy), alone and loaded.
-    timeout 120 python3 benchmarks/plane_bandwidth.py --sizes-mb 16 128 1024 --runs 12 \
-      --out "$out/plane_bandwidth.json" 2>&1 | grep -v Warn | tail -30
+    # Who opens the gate, and how the judge writes the inputs at its release: the judge's runtimes of
+    # the small sizes with the process's release, the judge's (inputs written by kernels of its
+    # context) and the judge's with release_writes=host (an H2D copy), alone and loaded.
     timeout ${RELEASE_TIMEOUT:-200} python3 benchmarks/timing_check.py --out "$out/release-device" --sizes small \
       --gate-release both --no-ncu > "$out/timing_release_device.log" 2>&1
     echo "device writes rc=$?"; grep -E "^\|" "$out/timing_release_device.log"
@@ -181,17 +178,12 @@ case "$stage" in
   memdiag)
     # Where a memory-bound kernel's time goes under the judge (ew-256M, 1 GB in and out: Nsight
     # Compute 0.51-0.54 ms; the judge 0.657 ms on the H200, and its calls' start-to-end markers say
-    # the same, so the kernel itself runs slower in the candidate process). First the probe in a
-    # plain process: the same kernel reading the judge's kind of shared mapping or its own memory,
-    # with events or behind the judge's gate (CallTimer), and with 4 GiB of other memory read between
-    # calls, with and without its pages touched first. Then the judge with the default settings and
-    # with MEMDIAG_VARIANTS, one JudgeConfig change each (default: touch_pages=true; measured without
-    # effect on the H200: flush_l2=false, flush_after_inputs=true, spares=0). Each line gives the
-    # calls' marker time beside the runtime, and the GPU's clocks while they ran.
-    # The child started plainly and also the ways the judge starts its processes (PLANE_SPAWN): the
-    # sandbox's environment, the sandbox as root, with the uid drop; then under the seccomp filter.
-    timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/plane_bandwidth.py --sizes-mb 1024 --runs 12 \
-      --spawn ${PLANE_SPAWN:-plain env sandbox-root sandbox} --out "$out/plane_bandwidth.json" 2>&1 | grep -v Warn | tail -40
+    # the same, so the kernel itself runs slower in the candidate process): the judge with the
+    # default settings and with MEMDIAG_VARIANTS, one JudgeConfig change each (default:
+    # touch_pages=true; measured without effect on the H200: flush_l2=false, flush_after_inputs=true,
+    # spares=0). Each line gives the calls' marker time beside the runtime, and the GPU's clocks
+    # while they ran. (The plain-process probes of this question are retired; their findings:
+    # docs/results/2026-12-06-retired-diagnostics.md.)
     # (file names without '=': the device tool brings back only plain names)
     for v in default ${MEMDIAG_VARIANTS-touch_pages=true}; do
       set -- ; [ "$v" = default ] || set -- -c "$v"
@@ -201,22 +193,8 @@ case "$stage" in
       echo "== $v rc=$?"; grep -E "^[a-z/-]+ +[A-Za-z0-9-]+ .* ms \(" "$out/memdiag_$name.log" | cut -c1-420
     done
     ;;
-  frag)
-    # Whether freed memory elsewhere on the GPU slows a 1 GB streaming kernel in a new process.
-    timeout ${FRAG_TIMEOUT:-150} python3 benchmarks/gpu_fragmentation.py ${FRAG_ARGS:-} \
-      --out "$out/gpu_fragmentation.json" 2>&1 | grep -v -i warn | tail -12
-    ;;
-  replica)
-    # The judge's call cycle played by two plain processes, then with the kernel as the judge builds
-    # it, the operator observer and the rest of a worker's set-up (which one slows a 1 GB kernel?).
-    # REPLICA_ARGS: e.g. --conditions bare poison_so_judged
-    timeout ${REPLICA_TIMEOUT:-240} python3 benchmarks/judge_replica.py --judge-build ${REPLICA_ARGS:-} \
-      --out "$out/judge_replica.json" 2>&1 | grep -v -i warn | tail -16
-    ;;
   plane)
-    timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
-    # Whether kernels stream the shared mapping as fast as their own memory (memory-bound timing).
-    timeout 120 python3 benchmarks/plane_bandwidth.py --out "$out/plane_bandwidth.json" 2>&1 | tail -5
+    timeout ${PLANE_TIMEOUT:-200} python3 benchmarks/gpu/gpu_plane_check.py 2>&1 | tee "$out/gpu_plane.log" | cut -c1-1200
     ;;
   steps)
     # The judge-step figures: the workspace form (where the targets apply) first, then the single file.
@@ -226,8 +204,7 @@ case "$stage" in
     FILE_TIMEOUT=${FILE_TIMEOUT:-300} SKIP_INSTALL=1 bash "$0" filestep "$out"
     ;;
   start)
-    # What a worker pays before it can take a task, and back-to-back warm steps (spares at work).
-    timeout 90 python3 benchmarks/worker_start.py --runs 3 --out "$out/worker_start.json" 2>&1 | tail -4
+    # Back-to-back warm steps (spares at work).
     timeout ${WARM_TIMEOUT:-150} python3 benchmarks/judge_step.py --form workspace --mode warm --runs ${RUNS:-5} \
       --out "$out/judge_step_warm.json" > "$out/judge_step_warm.log" 2>&1
     grep -E "run|│" "$out/judge_step_warm.log" | cut -c1-500

@@ -1,4 +1,4 @@
-"""Audit an exported synth sample at the judge's tolerance, on input sets the filters never saw.
+"""`cuda-agent synth audit`: audit an exported synth sample at the judge's tolerance, on input sets the filters never saw.
 
 Every task of `OUT/tasks.jsonl` is rebuilt and probed with the shortcut checks of the synth worker
 (`worker.shortcut_checks`: zero and constant outputs, dropped or replaced parameters and their
@@ -16,13 +16,12 @@ under other seeds than the filter's, with weights drawn as the judge draws them,
 a 1e-6 relative input perturbation within the judge's comparison, float64 within it), at the
 exported size unless `--batch` says otherwise; its seconds per task are reported.
 
-    python benchmarks/synth_audit.py OUT/tasks.jsonl [--sets 30] [--device cpu] [--batch N]
-                                     [--checks shortcuts|criterion|both] [--time-limit S] [--json audit.json]
+    cuda-agent synth audit OUT/tasks.jsonl [--sets 30] [--device cpu] [--batch N]
+                           [--checks shortcuts|criterion|both] [--time-limit S] [--json audit.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -31,14 +30,17 @@ from collections import Counter
 from pathlib import Path
 
 from cuda_agent.host import true_fp32
-from cuda_agent.synth.compose import set_batch
-from cuda_agent.synth.criterion import check_task
-from cuda_agent.synth.filters import FilterConfig
-from cuda_agent.synth.worker import Reject, Runner, shortcut_checks
+
+from .compose import set_batch
+from .criterion import check_task
+from .filters import FilterConfig
+from .worker import Reject, Runner, shortcut_checks
 
 
 def audit(path: Path, sets: int, device: str, seed: int, batch: int | None = None,
           time_limit: float | None = None, checks: str = "both") -> dict:
+    """Every task of the export (`path`, a tasks.jsonl) through the checks; one line each on stderr,
+    the figures returned."""
     cfg = FilterConfig(device=device, n_input_sets=sets, shortcut_seed=seed).payload()
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if time_limit is not None:
@@ -85,31 +87,6 @@ def audit(path: Path, sets: int, device: str, seed: int, batch: int | None = Non
             "wall_s": round(time.monotonic() - t0, 1), "tasks_audited": found}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("tasks", type=Path, help="an export's tasks.jsonl")
-    ap.add_argument("--sets", type=int, default=30, help="fresh input sets per task")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--seed", type=int, default=90_000, help="input set k is drawn under seed + k")
-    ap.add_argument("--batch", type=int, default=None,
-                    help="probe every task at BATCH = this instead of its exported size (e.g. 16 on a CPU)")
-    ap.add_argument("--time-limit", type=float, default=None,
-                    help="seconds: start no new task after this; the tasks are then taken in a random order "
-                         "(seeded by --seed), so the audited part is a random sample of the export")
-    ap.add_argument("--checks", choices=["shortcuts", "criterion", "both"], default="both",
-                    help="the filters' shortcut checks, the export criterion, or both (default)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if args.batch is not None and args.batch < 1:
-        ap.error("--batch: a positive number")
-    result = audit(args.tasks, args.sets, args.device, args.seed, args.batch, args.time_limit, args.checks)
-    result["batch"] = args.batch
-    print(f"{result['defective']} of {result['tasks']} tasks (of {result['of']}) defective on {args.sets} fresh "
-          f"input sets: {result['by_defect']}, {result['errors']} could not be audited ({result['wall_s']} s)")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def summary(result: dict) -> str:
+    return (f"{result['defective']} of {result['tasks']} tasks (of {result['of']}) defective on {result['sets']} "
+            f"fresh input sets: {result['by_defect']}, {result['errors']} could not be audited ({result['wall_s']} s)")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The training stages on a CUDA machine with the tiny model (no download) and the real judge:
-#   bash benchmarks/train_gpu.sh STAGE [OUT_DIR]      STAGE: toy | stages | toy+stages
+#   bash benchmarks/gpu/train_gpu.sh STAGE [OUT_DIR]      STAGE: toy | stages | toy+stages
 # toy: the learning check (CPU judge backend, the policy on the GPU), then RFT on the toy's episodes;
 # stages: warm-up, critic and agentic PPO on the CUDA suite with the CUDA judge, for episodes per
 # hour and the time split. Installs wheels from ./.whl (pydantic etc.) and this package in place,
 # as device_gpu.sh does.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 stage=${1:-toy}
 out=${2:-${OUT:-runs/train}}
 mkdir -p "$out"
@@ -28,7 +28,7 @@ case "$stage" in
     # positive reward, so nothing of theirs passes the filter): filter, parquet, SFT on the GPU.
     cuda-agent train rft --out "$out/toy/rft" --model "$out/toy/model" --episodes "$out/toy/run/episodes" \
       --train-device cuda
-    python3 benchmarks/train_metrics.py "$out/toy/run" "$out/toy/rft" ;;
+    cuda-agent train metrics "$out/toy/run" "$out/toy/rft" ;;
   stages)
     common=(--model tiny --tasks suite --device cuda --train-device cuda -c episodes_per_step=8 -c concurrency=8)
     cuda-agent train warmup --out "$out/warmup" "${common[@]}" --steps 2 -c episode.turn_tokens=512
@@ -36,6 +36,6 @@ case "$stage" in
       --train-device cuda -c epochs=2
     cuda-agent train ppo --out "$out/ppo" "${common[@]}" --steps 2 --critic "$out/critic/final/critic" \
       -c episode.max_turns=6 -c episode.turn_tokens=256
-    python3 benchmarks/train_metrics.py "$out/warmup" "$out/critic" "$out/ppo" ;;
+    cuda-agent train metrics "$out/warmup" "$out/critic" "$out/ppo" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

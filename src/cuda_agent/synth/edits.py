@@ -1,4 +1,4 @@
-"""Decontamination against edits: how many near-copies of benchmark tasks the synth filter catches.
+"""Decontamination against edits (`cuda-agent synth decontam`): how many near-copies of benchmark tasks the synth filter catches.
 
 Applies a battery of meaning-preserving edits to every task of a benchmark folder (KernelBench
 layout, or a flat folder such as the leaderboard's `docs/assets/problems/`), one edit kind at a
@@ -9,8 +9,8 @@ distinct tasks (fused chains written for this benchmark, plus `--distinct FILE`:
 `tasks.jsonl`, whose tasks passed decontamination by construction only if they were filtered
 against the same folder). Also runs 8 planted near-copies written by hand.
 
-    python benchmarks/decontam.py --bench /path/to/problems [--levels 1 2 3] [--edits rename noop ...]
-                                  [--no-trace] [--json out.json]
+    cuda-agent synth decontam --bench /path/to/problems [--level 1 --level 2 ...] [--edit rename ...]
+                              [--no-trace] [--json out.json]
 
 Edits (each returns None where it does not apply; those are counted as not applicable):
   rename      every user-chosen name (locals, arguments, attributes, helpers) renamed
@@ -28,26 +28,13 @@ Edits (each returns None where it does not apply; those are counted as not appli
 
 from __future__ import annotations
 
-import argparse
 import ast
 import builtins
-import json
 import re
-import sys
-import time
-from collections import defaultdict
 from pathlib import Path
 
-import torch.nn.functional as F_mod
-
 import torch
-
-from cuda_agent.synth.decontam import BenchmarkIndex, DecontamConfig, contamination
-try:
-    from cuda_agent.synth.trace import trace_many
-except ImportError:   # a version of the package without traced decontamination (the "before" figures)
-    trace_many = None
-from cuda_agent.tasks import TaskError, validate_reference_source
+import torch.nn.functional as F_mod
 
 KEEP = {"torch", "nn", "F", "math", "Model", "forward", "__init__", "get_inputs", "get_init_inputs", "self",
         "super", "functional"} | set(dir(builtins))
@@ -302,120 +289,3 @@ def planted(problems: Path) -> dict[str, tuple[str, str]]:
         if (problems / name).exists():
             out[f"planted:{name}"] = (name, edit(_file(problems, name)))
     return out
-
-
-# -- the run ---------------------------------------------------------------------------------------------
-
-def _nearest(index: BenchmarkIndex, src: str, cfg: DecontamConfig, trace):
-    try:
-        return index.nearest(src, cfg, trace=trace)
-    except TypeError:   # an index without traces (an older version of the module)
-        return index.nearest(src, cfg)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bench", type=Path, required=True, help="benchmark folder (KernelBench layout or flat)")
-    ap.add_argument("--levels", type=int, nargs="*", default=[1, 2, 3],
-                    help="levels kept (file names lN_*, or folders levelN); none: all")
-    ap.add_argument("--edits", nargs="*", default=list(EDITS), choices=list(EDITS))
-    ap.add_argument("--limit", type=int, default=None, help="first N tasks only")
-    ap.add_argument("--no-trace", action="store_true", help="static measures only (no traced operators)")
-    ap.add_argument("--distinct", type=Path, default=None, help="a tasks.jsonl of more distinct tasks")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
-    args = ap.parse_args(argv)
-
-    cfg = DecontamConfig(trace=not args.no_trace) if "trace" in DecontamConfig.model_fields else DecontamConfig()
-    use_trace = not args.no_trace and "trace" in DecontamConfig.model_fields and trace_many is not None
-    t0 = time.monotonic()
-    # the index over the chosen levels only: a folder of symlinks-free copies is not needed, the
-    # filter below selects files
-    files = sorted(p for p in args.bench.rglob("*.py")
-                   if not args.levels or any(re.match(fr"(l{lv}_|level{lv}\b)", part)
-                                             for lv in args.levels for part in p.relative_to(args.bench).parts))
-    if args.limit:
-        files = files[: args.limit]
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for p in files:
-            dst = Path(tmp) / p.relative_to(args.bench)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_text(p.read_text())
-        index = (BenchmarkIndex.from_dir(tmp, trace=use_trace) if use_trace else
-                 BenchmarkIndex.from_dir(tmp, trace=False) if "trace" in DecontamConfig.model_fields
-                 else BenchmarkIndex.from_dir(tmp))
-    print(f"index: {len(index)} tasks ({index.skipped} skipped) in {time.monotonic() - t0:.1f} s", file=sys.stderr)
-
-    cases: list[tuple[str, str, str]] = []   # (kind, original, edited source)
-    na: dict[str, int] = defaultdict(int)
-    for p in files:
-        src = p.read_text()
-        try:
-            validate_reference_source(src, p.name)
-        except TaskError:
-            continue
-        for kind in args.edits:
-            try:
-                edited = EDITS[kind](src)
-            except (SyntaxError, ValueError, TypeError, AttributeError):
-                edited = None
-            if edited is None:
-                na[kind] += 1
-                continue
-            cases.append((kind, p.name, edited))
-    for name, (orig, src) in planted(args.bench if not files else files[0].parent).items():
-        cases.append(("planted", orig, src))
-    for name, src in DISTINCT.items():
-        cases.append(("distinct", name, src))
-    if args.distinct:
-        for line in args.distinct.read_text().splitlines():
-            row = json.loads(line)
-            cases.append(("distinct", row.get("name", "?"), row["code"]))
-
-    t1 = time.monotonic()
-    traces = trace_many([c[2] for c in cases], timeout_s=3600) if use_trace else [None] * len(cases)
-    print(f"traced {len(cases)} sources in {time.monotonic() - t1:.1f} s "
-          f"({sum(t is None for t in traces)} untraceable)", file=sys.stderr)
-    caught: dict[str, int] = defaultdict(int)
-    total: dict[str, int] = defaultdict(int)
-    own: dict[str, int] = defaultdict(int)
-    missed: dict[str, list[str]] = defaultdict(list)
-    flagged_distinct: list[str] = []
-    for (kind, orig, src), tr in zip(cases, traces):
-        near = _nearest(index, src, cfg, tr)
-        hit = contamination(near, cfg) is not None
-        total[kind] += 1
-        if kind == "distinct":
-            if hit:
-                flagged_distinct.append(f"{orig} ~ {near.name} ({contamination(near, cfg)})")
-            continue
-        caught[kind] += hit
-        own[kind] += hit and Path(near.name).name == orig
-        if not hit and len(missed[kind]) < 5:
-            missed[kind].append(orig)
-
-    rows = []
-    print(f"\n{'edit':<12} {'caught':>8} {'of':>5} {'rate':>7} {'as own':>7} {'n/a':>5}  missed (first 5)")
-    for kind in [*args.edits, "planted"]:
-        if not total[kind]:
-            continue
-        rate = caught[kind] / total[kind]
-        rows.append({"edit": kind, "caught": caught[kind], "total": total[kind], "rate": rate,
-                     "caught_as_own": own[kind], "not_applicable": na.get(kind, 0), "missed": missed[kind]})
-        print(f"{kind:<12} {caught[kind]:>8} {total[kind]:>5} {rate:>7.1%} {own[kind]:>7} {na.get(kind, 0):>5}  "
-              f"{', '.join(missed[kind])}")
-    n_distinct = total["distinct"]
-    print(f"\ndistinct tasks flagged: {len(flagged_distinct)} of {n_distinct}")
-    for f in flagged_distinct:
-        print(f"  {f}")
-    print(f"\nwall {time.monotonic() - t0:.1f} s", file=sys.stderr)
-    if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "distinct": n_distinct, "false_positives": flagged_distinct,
-                                         "trace": use_trace, "index": len(index),
-                                         "wall_s": round(time.monotonic() - t0, 1)}, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
