@@ -11,7 +11,7 @@ from cuda_agent import host
 from cuda_agent.judge import JudgeConfig
 from cuda_agent.judge.baselines import Baseline, BaselineCache, BaselineKey, baseline_source
 from cuda_agent.judge.evaluation import Evaluation, Stop
-from cuda_agent.judge.protocol import CallReply, InitRequest
+from cuda_agent.judge.protocol import CallReply, InitRequest, Reply
 from cuda_agent.judge.supply import WorkerSupply, ZygoteHolder
 from cuda_agent.judge.verdict import Failure, FailureCategory as FC, Timing, Verdict
 
@@ -22,7 +22,7 @@ def verdict() -> Verdict:
 
 def stop_of(ev: Evaluation, reply: dict, setup: bool = False) -> Stop:
     with pytest.raises(Stop) as caught:
-        ev.reported_error(reply, setup=setup)
+        ev.reported_error(Reply.parse(reply), setup=setup)
     return caught.value
 
 
