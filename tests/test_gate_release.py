@@ -16,7 +16,7 @@ import pytest
 from conftest import judge_cache_dir, read_header
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Judge, JudgeConfig
-from cuda_agent.judge.protocol import CONTROL_BYTES, DataPlane
+from cuda_agent.judge.protocol import CONTROL_BYTES, CallReply, DataPlane
 from cuda_agent.reward import reward_of
 from cuda_agent.tasks import load_task_file
 
@@ -99,7 +99,7 @@ def test_the_judge_writes_the_inputs_then_the_token_once_forward_has_enqueued():
 
     import torch
 
-    from cuda_agent.judge.harness import release_call
+    from cuda_agent.judge.calls import release_call
     from cuda_agent.judge.tensorio import pack, unpack
 
     x = torch.randn(64)
@@ -120,7 +120,7 @@ def test_the_judge_writes_the_inputs_then_the_token_once_forward_has_enqueued():
         t0 = time.perf_counter()
         t_release, answered = release_call(session, [x], 5, time.monotonic() + 10, "call 0")
         assert answered is None and t_release - t0 >= 0.04  # released after the process said so
-        assert session.recv(time.monotonic() + 10, "call 0")["inside_ms"] == 0.1
+        assert session.recv(time.monotonic() + 10, "call 0", CallReply.parse).inside_ms == 0.1
         worker.join(5)
         assert seen["before"][1] == 0 and not torch.equal(seen["before"][0], x)  # no inputs before it
         assert torch.equal(seen["after"], x)
@@ -133,7 +133,7 @@ def test_a_forward_that_never_says_enqueued_is_released_after_the_wait_and_an_er
 
     import torch
 
-    from cuda_agent.judge.harness import release_call
+    from cuda_agent.judge.calls import release_call
     from cuda_agent.judge.timing import RELEASE_WAIT_S
 
     def stuck(chan, plane):  # forward waits on the host behind the gate: only the release frees it
@@ -155,7 +155,7 @@ def test_a_forward_that_never_says_enqueued_is_released_after_the_wait_and_an_er
     session, plane, worker = _session_with_script(failing)
     try:
         _, answered = release_call(session, [torch.ones(3)], 1, time.monotonic() + 10, "call 0")
-        assert answered is not None and answered["ok"] is False and _word(plane) == 1
+        assert answered is not None and answered.ok is False and _word(plane) == 1
     finally:
         plane.close()
 

@@ -11,7 +11,7 @@ from cuda_agent import host
 from cuda_agent.judge import JudgeConfig
 from cuda_agent.judge.baselines import Baseline, BaselineCache, BaselineKey, baseline_source
 from cuda_agent.judge.evaluation import Evaluation, Stop
-from cuda_agent.judge.protocol import CallReply, InitRequest
+from cuda_agent.judge.protocol import CallReply, InitRequest, Reply
 from cuda_agent.judge.supply import WorkerSupply, ZygoteHolder
 from cuda_agent.judge.verdict import Failure, FailureCategory as FC, Timing, Verdict
 
@@ -22,7 +22,7 @@ def verdict() -> Verdict:
 
 def stop_of(ev: Evaluation, reply: dict, setup: bool = False) -> Stop:
     with pytest.raises(Stop) as caught:
-        ev.reported_error(reply, setup=setup)
+        ev.reported_error(Reply.parse(reply), setup=setup)
     return caught.value
 
 
@@ -117,7 +117,7 @@ def test_trusted_baseline_sources_compile():
     assert "torch.empty([2, 3], dtype=torch.float32" in baseline_source("null", outputs)
 
 
-def test_protocol_messages_are_typed_dicts():
+def test_protocol_messages_are_typed():
     # what the judge sends and reads is declared once, for both sides
     assert {"device", "candidate_path", "trusted", "policy", "require"} <= set(InitRequest.__annotations__)
     assert {"inside_ms", "outputs", "ops", "tampered", "flags_changed", "kernels"} <= set(CallReply.__annotations__)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.judge import sandbox as sb
-from cuda_agent.judge.harness import _cpu_ns
+from cuda_agent.judge.clocks import cpu_ns
 from cuda_agent.reward import reward_of
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="uid drop and namespaces need a root judge")
@@ -58,7 +58,7 @@ def test_cpu_clock_counts_threads_that_have_exited(tmp_path):
         _wait_for(log, "done")
         live_threads = sum(1 for _ in os.scandir(f"/proc/{proc.pid}/task"))
         assert live_threads == 1
-        assert _cpu_ns(proc.pid) >= 0.35e9
+        assert cpu_ns(proc.pid) >= 0.35e9
     finally:
         proc.kill()
         proc.wait()
@@ -73,7 +73,7 @@ def test_cpu_clock_reads_a_process_of_another_uid(tmp_path):
     try:
         _wait_for(proc.log_path, "done")
         assert sb._proc_status(str(proc.pid)).get("Uid", "").split()[0] == "64321"
-        assert _cpu_ns(proc.pid) >= 0.35e9
+        assert cpu_ns(proc.pid) >= 0.35e9
     finally:
         proc.cleanup()
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from cuda_agent.judge import JudgeConfig
 from cuda_agent.judge.evaluation import JudgeError
-from cuda_agent.judge.harness import _stochastic_training
+from cuda_agent.judge.calls import stochastic_training
 from cuda_agent.judge.reference import Reference, make_setup, reference_draws, set_training
 from cuda_agent.judge.stochastic import DRAWS, Z_RUN, compare_draws, detect, ks_uniform, ranks, run_z
 from cuda_agent.judge.worker import _module_tree
@@ -140,12 +140,12 @@ def test_every_other_checked_call_and_the_probe_run_in_eval_mode_the_rest_in_tra
     roles = ["check"] * 5 + ["warmup"] * 3 + ["timed"] * 4
     seen, modes = 0, []
     for role in roles:
-        modes.append(_stochastic_training("eval", role, seen))
+        modes.append(stochastic_training("eval", role, seen))
         seen += role == "check"
     assert modes[:5] == [False, True, False, True, False] and all(modes[5:])
-    assert _stochastic_training("eval", "probe", 3) is False
-    assert all(_stochastic_training("always", r, k) for k, r in enumerate(roles))
-    assert _stochastic_training(None, "check", 0) is None
+    assert stochastic_training("eval", "probe", 3) is False
+    assert all(stochastic_training("always", r, k) for k, r in enumerate(roles))
+    assert stochastic_training(None, "check", 0) is None
 
 
 TASK_SOURCE = """

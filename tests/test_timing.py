@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from cuda_agent.judge import harness, timing
+from cuda_agent.judge import clocks, timing
 from cuda_agent.judge.timing import reconcile
 
 
@@ -246,22 +246,22 @@ def test_a_call_that_lost_a_thread_replaces_the_claim_but_does_not_make_it_a_lie
 def test_waits_during_a_call_sum_the_threads_and_see_a_thread_that_ended():
     before = {10: (5_000_000, 1_000_000), 11: (2_000_000, 0)}
     after = {10: (9_000_000, 1_500_000), 11: (6_000_000, 2_000_000), 12: (1_000_000, 300_000)}  # 12 started
-    waited, steady = harness._waits_during(9.0, before, after, own_wait_ns=200_000)
+    waited, steady = clocks.waits_during(9.0, before, after, own_wait_ns=200_000)
     assert waited == pytest.approx(0.5 + 2.0 + 0.3 + 0.2) and steady
     # a thread gone, or CPU time the live threads did not gain (a thread started and ended in the call)
-    assert harness._waits_during(9.0, before, {10: after[10], 12: after[12]}, 0)[1] is False
-    assert harness._waits_during(12.0, before, after, 0)[1] is False
+    assert clocks.waits_during(9.0, before, {10: after[10], 12: after[12]}, 0)[1] is False
+    assert clocks.waits_during(12.0, before, after, 0)[1] is False
     # schedstat counting nothing (accounting off), or nothing to read: no bound
     zeros = {10: (0, 0), 11: (0, 0)}
-    assert harness._waits_during(9.0, zeros, zeros, 0) == (None, False)
-    assert harness._waits_during(9.0, {}, after, 0) == (None, False)
+    assert clocks.waits_during(9.0, zeros, zeros, 0) == (None, False)
+    assert clocks.waits_during(9.0, {}, after, 0) == (None, False)
 
 
 def test_schedstat_of_a_live_process_gives_cpu_time_and_waits():
-    stats = harness._thread_schedstat(os.getpid())
+    stats = clocks.thread_schedstat(os.getpid())
     assert threading.get_native_id() in stats
     assert all(cpu >= 0 and delay >= 0 for cpu, delay in stats.values())
-    assert harness._own_run_delay_ns() >= 0
+    assert clocks.own_run_delay_ns() >= 0
 
 
 def test_the_second_flush_is_for_inputs_over_the_l2_in_auto_and_always_or_never_otherwise():

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NoReturn
 
-from .protocol import ErrorCategory, WorkerError
+from .protocol import ErrorCategory, Reply
 from .sandbox import Sandboxed
 from .verdict import Failure, FailureCategory as FC, Verdict
 
@@ -75,23 +75,22 @@ class Evaluation:
         self.live = []
 
     # --------------------------------------------------------------- what the worker reported
-    def note_blocked(self, reply: dict) -> None:
+    def note_blocked(self, reply: Reply) -> None:
         """What the sandbox refused during a call, as policy violations (at most five)."""
-        blocked = reply.get("blocked") or []
-        if isinstance(blocked, list) and blocked:
-            v = self.verdict
-            for b in blocked[:5]:
-                text = f"the sandbox refused: {str(b)[:200]}"
-                if text not in v.policy_violations:
-                    v.policy_violations.append(text)
+        v = self.verdict
+        for b in reply.blocked:
+            text = f"the sandbox refused: {b}"
+            if text not in v.policy_violations:
+                v.policy_violations.append(text)
 
-    def reported_error(self, reply: WorkerError | dict, setup: bool = False) -> NoReturn:
+    def reported_error(self, reply: Reply, setup: bool = False) -> NoReturn:
         """End the run on the worker's error reply: a policy violation or a failed build it caused
         first, else the category it reports (the judge's own only during the worker's set-up:
         `setup`). A baseline's call that fails is the judge's (its set-up is read like any other,
         and a failed baseline is a JudgeError with the message either way)."""
         if not self.judged and not setup:  # a trusted baseline's call: nothing to blame on a candidate
-            raise Stop(FC.JUDGE, str(reply.get("message", "the baseline process reported an error"))[:6000])
+            raise Stop(FC.JUDGE, (reply.message if reply.message is not None
+                                  else "the baseline process reported an error")[:6000])
         v = self.verdict
         self.note_blocked(reply)
         if v.policy_violations:
@@ -99,7 +98,8 @@ class Evaluation:
         if self.build_failure is not None:
             v.compiled = False
             raise Stop(self.build_failure.category, self.build_failure.message)
-        reported = ErrorCategory.parse(reply.get("category"))
+        reported = reply.category
         if reported is ErrorCategory.JUDGE and not setup:  # the worker reports its set-up only before any call
             reported = ErrorCategory.RUNTIME
-        raise Stop(FC(reported.value), str(reply.get("message", "the candidate reported an error"))[:6000])
+        raise Stop(FC(reported.value), (reply.message if reply.message is not None
+                                        else "the candidate reported an error")[:6000])

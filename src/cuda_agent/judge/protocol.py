@@ -13,7 +13,7 @@ import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Literal, Required, TypedDict
 
@@ -42,11 +42,10 @@ class ErrorCategory(str, Enum):
 
 
 # -- the messages of the call protocol ------------------------------------------------------------
-# Typed for both sides; on the wire they are JSON objects (`Channel`). What the worker sends comes
-# from a process that runs candidate code: the judge reads every field defensively (numbers and
-# lists checked where it uses them, unknown categories read as the candidate's runtime error),
-# so a malformed reply fails the candidate, never the judge. Tensors travel as `pack` metadata
-# (tensorio.py) describing bytes in the data plane.
+# Typed for both sides; on the wire they are JSON objects (`Channel`). What the judge sends is a
+# TypedDict below; what the worker sends comes from a process that runs candidate code and is
+# parsed into the records further down, so a malformed reply fails the candidate, never the judge.
+# Tensors travel as `pack` metadata (tensorio.py) describing bytes in the data plane.
 
 class InitRequest(TypedDict):
     """Judge -> worker, once: what to load and how to construct ModelNew."""
@@ -124,40 +123,109 @@ class BuildAnswer(TypedDict, total=False):
     message: str
 
 
-class WorkerError(TypedDict, total=False):
-    """Worker -> judge: the set-up, the candidate's load or construction, or a call failed."""
+# -- what the worker sends, parsed once -----------------------------------------------------------
+# Every message from the worker is parsed where it is received (`Session.recv`) into one of the
+# frozen records below; the judge reads their attributes, never the JSON. A parse never raises:
+# the process that wrote the message runs candidate code, so a missing field is its default, a
+# field of the wrong type reads as missing (numbers: finite-or-infinite, non-negative, else None;
+# lists of names: each item as text, at most 4096), an unknown error category as the candidate's
+# runtime error and unknown keys are ignored. Tensors stay `pack` metadata (tensorio.py), which
+# `unpack` validates where the bytes are read.
 
-    ok: Required[Literal[False]]
-    category: str                  # an ErrorCategory value (anything else reads as runtime)
-    message: str
-    blocked: list[str]             # what the sandbox refused so far
+def _num(x) -> float | None:
+    """A time the worker reports: a non-negative number (not NaN, not a bool), else None."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or x != x or x < 0:
+        return None
+    try:
+        return float(x)
+    except OverflowError:  # an integer too large for a float
+        return None
 
 
-class Ready(TypedDict, total=False):
+def _strs(x) -> tuple[str, ...]:
+    """A list of names (at most 4096, each cut at 300 characters); anything else reads as none."""
+    return tuple(str(s)[:300] for s in x[:4096]) if isinstance(x, list) else ()
+
+
+def _count(x) -> int:
+    """The length of a list as sent (before `_strs` cuts it), 0 for anything else."""
+    return len(x) if isinstance(x, list) else 0
+
+
+def _note(x) -> str | None:
+    """A reason the worker gives (a note in the verdict): present and not empty, as text."""
+    return str(x) if x else None
+
+
+def _text(raw: dict, key: str) -> str | None:
+    """A field as text; None where it is absent or null."""
+    x = raw.get(key)
+    return None if x is None else str(x)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Worker -> judge: any answer. Failed (`ok` false), it is an error reply: what failed
+    (`category`), why (`message`) and what the sandbox refused so far (`blocked`)."""
+
+    ok: bool = False
+    op: str | None = None            # what the message is, for the messages that name it
+    category: ErrorCategory = ErrorCategory.RUNTIME
+    message: str | None = None       # None: absent (a null is the text "None")
+    blocked: tuple[str, ...] = ()    # the first five refusals, each cut at 200 characters
+
+    @classmethod
+    def parse(cls, raw: dict):
+        return cls(**cls._fields(raw))
+
+    @staticmethod
+    def _fields(raw: dict) -> dict:
+        op, blocked = raw.get("op"), raw.get("blocked")
+        return dict(ok=bool(raw.get("ok")), op=op if isinstance(op, str) else None,
+                    category=ErrorCategory.parse(raw.get("category")),
+                    message=str(raw["message"]) if "message" in raw else None,
+                    blocked=tuple(str(b)[:200] for b in blocked[:5]) if isinstance(blocked, list) else ())
+
+
+@dataclass(frozen=True)
+class Ready(Reply):
     """Worker -> judge: ModelNew is constructed."""
 
-    ok: Required[Literal[True]]
-    matched: list[str]             # parameters copied from Model
-    unmatched: list[str]           # parameters not copied (another name or shape)
-    blocked: list[str]
-    gpu_plane: bool                # the shared GPU region is mapped
-    gpu_plane_error: str | None
-    audit_hook: bool               # the worker's audit hook is installed
-    landlock: bool | None          # kept out of the judge's work root (sandbox.landlock_confined)
-    timing_gate: str | None        # why calls are timed without the gate, if they are
-    judge_release: bool            # its gate polls the control page: the judge can open it
-    staged_inputs: bool            # a block of its own memory holds each call's inputs (stage_inputs)
-    staging_error: str | None      # why it does not
-    launch_observer: str | None    # CUDA: why kernel launches are not observed on every call (None: they are)
+    unmatched: tuple[str, ...] = ()  # parameters not copied from Model (another name or shape)
+    gpu_plane: bool = False          # the shared GPU region is mapped
+    gpu_plane_error: str | None = None
+    audit_hook: bool = False         # the worker's audit hook is installed
+    landlock: bool | None = None     # kept out of the judge's work root (sandbox.landlock_confined)
+    timing_gate: str | None = None   # why calls are timed without the gate, if they are
+    judge_release: bool = False      # its gate polls the control page: the judge can open it
+    staged_inputs: bool = False      # a block of its own memory holds each call's inputs (stage_inputs)
+    staging_error: str | None = None  # why it does not
+    launch_observer: str | None = None  # CUDA: why kernel launches are not observed on every call
+
+    @classmethod
+    def parse(cls, raw: dict) -> "Ready":
+        landlock = raw.get("landlock")
+        return cls(**cls._fields(raw), unmatched=_strs(raw.get("unmatched")),
+                   gpu_plane=raw.get("gpu_plane") is True, gpu_plane_error=_text(raw, "gpu_plane_error"),
+                   audit_hook=raw.get("audit_hook") is True,
+                   landlock=landlock if isinstance(landlock, bool) else None,
+                   timing_gate=_note(raw.get("timing_gate")), judge_release=raw.get("judge_release") is True,
+                   staged_inputs=raw.get("staged_inputs") is True, staging_error=_note(raw.get("staging_error")),
+                   launch_observer=_note(raw.get("launch_observer")))
 
 
-class Enqueued(TypedDict, total=False):
-    """Worker -> judge, on a call the judge releases: forward has enqueued its work behind the gate
-    (or, with no gate, is about to wait for the release before it starts)."""
+@dataclass(frozen=True)
+class LoadInline:
+    """Worker -> judge, while ModelNew is constructed: a `load_inline` call for the judge to build
+    in its own sandbox. The request goes as sent to the build step, which reads it defensively
+    (buildplan.spec_from_request)."""
 
-    ok: Required[Literal[True]]
-    op: Required[Literal["enqueued"]]
-    early: bool                    # the judge had opened the gate before forward returned
+    request: dict
+
+
+def parse_loading(raw: dict) -> "LoadInline | Ready":
+    """A message while the candidate loads: a build request, or the end of loading (or an error)."""
+    return LoadInline(raw) if raw.get("op") == "build" else Ready.parse(raw)
 
 
 # The most distinct kernel names a call may report (launched, or ran); one more says that there
@@ -165,42 +233,84 @@ class Enqueued(TypedDict, total=False):
 MAX_KERNELS = 4096
 
 
-class CallReply(TypedDict, total=False):
-    """Worker -> judge: a call's outputs and what was observed during it."""
-
-    ok: Required[Literal[True]]
-    inside_ms: float               # the time the worker claims (checked against the judge's clock)
-    stream_ms: float | None        # gated calls: start to end marker (inside_ms adds work past the end)
-    lag_ms: float | None           # gated calls: the idle marker's lag behind the end marker (timing.py)
-    run_delay_ms: float | None     # gated calls: the timing thread's wait for a core meanwhile
-    timing: str                    # how it timed the call: gated, events, cpu
-    structure: str                 # "tensor", "tuple", "list", ...
-    outputs: list                  # pack metadata of the outputs (in the data plane)
-    tampered: list[str]            # library functions replaced during the call
-    ops: list[str]                 # ATen operators the call ran (observer.cpp)
-    flags_changed: list[str]       # global numeric settings changed
-    blocked: list[str]
-    launched: list[str] | None     # the CUDA kernels the call launched (launches.cpp); None without it
-    owners: dict[str, list[str]] | None  # who issued each of them: image chains (launches.cpp `issuer`)
-    kernels: list[str]             # the CUDA kernels that ran, from the `kernels` message below
-    kernel_ms: float               # and their device time, from the same message
-
-
-class KernelList(TypedDict, total=False):
+@dataclass(frozen=True)
+class KernelList(Reply):
     """Worker -> judge, after a checked call's reply on CUDA (outside the call's clock)."""
 
-    ok: Required[bool]
-    op: Literal["kernels"]
-    kernels: list[str]
-    kernel_ms: float               # their device time (CUDA activity records, the gate left out)
+    kernels: tuple[str, ...] = ()    # the CUDA kernels that ran
+    kernels_sent: int = 0            # how many names were sent (over MAX_KERNELS: too many to check)
+    kernel_ms: float | None = None   # their device time (CUDA activity records, the gate left out)
+
+    @classmethod
+    def parse(cls, raw: dict) -> "KernelList":
+        return cls(**cls._fields(raw), kernels=_strs(raw.get("kernels")), kernels_sent=_count(raw.get("kernels")),
+                   kernel_ms=_num(raw.get("kernel_ms")))
 
 
-class Echo(TypedDict, total=False):
-    """Worker -> judge: the reply to `echo` (the inputs as forward left them) or to `prepare`."""
+@dataclass(frozen=True)
+class CallReply(Reply):
+    """Worker -> judge: a call's outputs and what was observed during it. On a call the judge
+    releases, the message before it is `op` "enqueued": forward has enqueued its work behind the
+    gate (or, with no gate, is about to wait for the release before it starts)."""
 
-    ok: Required[bool]
-    echo: list
-    message: str
+    inside_ms: float | None = None     # the time the worker claims (checked against the judge's clock)
+    stream_ms: float | None = None     # gated calls: start to end marker (inside_ms adds work past the end)
+    lag_ms: float | None = None        # gated calls: the idle marker's lag behind the end marker (timing.py)
+    run_delay_ms: float | None = None  # gated calls: the timing thread's wait for a core meanwhile
+    timing: str = "events"             # how it timed the call: gated, events, cpu
+    structure: str | None = None       # "tensor", "tuple", "list", ... (None: not said)
+    outputs: object = None             # pack metadata of the outputs (in the data plane; `unpack` checks it)
+    tampered: tuple[str, ...] = ()     # library functions replaced during the call
+    ops: tuple[str, ...] = ()          # ATen operators the call ran (observer.cpp)
+    flags_changed: tuple[str, ...] = ()  # global numeric settings changed
+    launched: tuple[str, ...] = ()     # the CUDA kernels the call launched (launches.cpp)
+    launched_sent: int = 0             # how many launched names were sent
+    owners: dict[str, list[str]] | None = None  # who issued each of them: image chains (launches.cpp `issuer`)
+    kernels: tuple[str, ...] = ()      # the CUDA kernels that ran, from the `KernelList` after it
+    kernels_sent: int = 0
+    kernel_ms: float | None = None     # and their device time, from the same message
+
+    @classmethod
+    def parse(cls, raw: dict) -> "CallReply":
+        owners = raw.get("owners")
+        if isinstance(owners, dict):  # a chain cut short would lose its issuer, at its end
+            owners = {str(k)[:300]: [str(c)[:4096] for c in v[:8]]
+                      for k, v in list(owners.items())[:MAX_KERNELS + 1] if isinstance(v, list)}
+        else:
+            owners = None
+        return cls(**cls._fields(raw), inside_ms=_num(raw.get("inside_ms")), stream_ms=_num(raw.get("stream_ms")),
+                   lag_ms=_num(raw.get("lag_ms")), run_delay_ms=_num(raw.get("run_delay_ms")),
+                   timing=str(raw.get("timing") or "events")[:16], structure=_text(raw, "structure"),
+                   outputs=raw.get("outputs"), tampered=_strs(raw.get("tampered")), ops=_strs(raw.get("ops")),
+                   flags_changed=_strs(raw.get("flags_changed")), launched=_strs(raw.get("launched")),
+                   launched_sent=_count(raw.get("launched")), owners=owners, kernels=_strs(raw.get("kernels")),
+                   kernels_sent=_count(raw.get("kernels")), kernel_ms=_num(raw.get("kernel_ms")))
+
+    def with_kernels(self, listed: KernelList) -> "CallReply":
+        """The reply with the kernels that ran, as the message after it listed them."""
+        return replace(self, kernels=listed.kernels, kernels_sent=listed.kernels_sent, kernel_ms=listed.kernel_ms)
+
+
+@dataclass(frozen=True)
+class Echo(Reply):
+    """Worker -> judge: the reply to `echo` (the inputs as forward left them)."""
+
+    echo: object = None              # pack metadata of the inputs (`unpack` checks it)
+
+    @classmethod
+    def parse(cls, raw: dict) -> "Echo":
+        return cls(**cls._fields(raw), echo=raw.get("echo"))
+
+
+@dataclass(frozen=True)
+class Bandwidth(Reply):
+    """Worker -> judge: the reply to `bandwidth` (a diagnostic, noted as sent)."""
+
+    result: object = None            # its times (ms), or why there are none
+
+    @classmethod
+    def parse(cls, raw: dict) -> "Bandwidth":
+        return cls(**cls._fields(raw), result=raw.get("ms") or raw.get("message"))
 
 
 class ChannelClosed(EOFError):

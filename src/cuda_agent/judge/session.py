@@ -12,12 +12,15 @@ failure of the run (`Stop`).
 from __future__ import annotations
 
 import time
+from typing import Callable, TypeVar
 
 from .cudaipc import SharedGpuBuffer
 from .evaluation import Stop
-from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, Ready
+from .protocol import Channel, ChannelClosed, ChannelTimeout, DataPlane, ProtocolError, Ready, Reply
 from .sandbox import Sandboxed
 from .verdict import FailureCategory as FC
+
+M = TypeVar("M")
 
 
 class Session:
@@ -25,7 +28,7 @@ class Session:
                  memory_limit_mb: int, disk_limit_mb: int, trusted: bool = False):
         self.proc, self.chan, self.plane, self.shared = proc, chan, plane, shared
         self.memory_limit_mb, self.disk_limit_mb = memory_limit_mb, disk_limit_mb
-        self.ready: Ready | dict = {}
+        self.ready = Ready()  # the worker's message once ModelNew is constructed
         self.judge_release = False  # the judge writes each call's inputs and opens its gate (timing.py)
         self.staged = False  # each call reads a copy of its inputs in the process's own memory (stage_inputs)
         # per timed call, aligned with the times `_drive` returns: the round trip of the untimed
@@ -66,10 +69,12 @@ class Session:
         """The region per-call inputs and outputs go through: shared GPU memory, else the host plane."""
         return self.shared.tensor if self.shared is not None else self.plane.view
 
-    def recv(self, deadline: float, what: str, *, or_none: bool = False) -> dict | None:
-        """The worker's next message, waiting until `deadline` while watching the process's health,
-        memory and disk; `what` names the step in the failure. `or_none`: None at the deadline
-        instead of a timeout failure."""
+    def recv(self, deadline: float, what: str, parse: Callable[[dict], M] = Reply.parse, *,
+             or_none: bool = False) -> M | None:
+        """The worker's next message, parsed by `parse` into the record the step expects (protocol.py:
+        a parse never raises), waiting until `deadline` while watching the process's health, memory
+        and disk; `what` names the step in the failure. `or_none`: None at the deadline instead of a
+        timeout failure."""
         chan, proc = self.chan, self.proc
         while True:
             remaining = deadline - time.monotonic()
@@ -82,7 +87,7 @@ class Session:
                                        f"process held {proc.rss_mb():.0f} MiB of host memory; limit "
                                        f"{self.memory_limit_mb} MiB)")
             try:
-                return chan.recv(timeout=min(remaining, 0.25))
+                raw = chan.recv(timeout=min(remaining, 0.25))
             except ChannelTimeout:
                 pass
             except ChannelClosed:
@@ -91,6 +96,12 @@ class Session:
                                      f"({proc.exit_description()}):\n{log_excerpt(proc)}") from None
             except ProtocolError as exc:
                 raise Stop(FC.TAMPERING, f"malformed message from the candidate process: {exc}") from None
+            else:
+                try:
+                    return parse(raw)
+                except RecursionError:  # nested deeper than the judge reads
+                    raise Stop(FC.TAMPERING, "malformed message from the candidate process: nested too deeply") \
+                        from None
             if not proc.alive():
                 raise Stop(FC.CRASH, f"the candidate process died during {what} "
                                      f"({proc.exit_description()}):\n{log_excerpt(proc)}")

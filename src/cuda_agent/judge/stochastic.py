@@ -3,7 +3,7 @@
 
 A bound wide enough for two honest draws of such a reference is wider than the signal: a kernel
 that leaves the random part out, or returns its expectation, passes it. So a stochastic task is
-judged in two parts (harness.py):
+judged in two parts (calls.py):
 
 - **exactly, with the random part switched off**, where `eval()` switches it off (nn.Dropout,
   F.dropout(training=self.training)): on every other checked call the reference and the candidate
@@ -68,7 +68,7 @@ MIN_DRAWS = 5
 # sampler is one more draw (z ~ t with DRAWS degrees of freedom); the random part left out or
 # replaced by its expectation sits closer to the draws than they sit to each other (z < 0), a wrong
 # kept fraction or scaling closer or further. Refused on one call beyond Z_CALL (t_16 beyond 8:
-# ~5e-7), and over a run where the calls' z summed over sqrt(calls) exceeds Z_RUN (harness.py): a
+# ~5e-7), and over a run where the calls' z summed over sqrt(calls) exceeds Z_RUN (calls.py): a
 # deficit too small to show on one call (the no-dropout output on a small task: z ~ -4) adds up
 # over the warm-up and timed calls, which are all drawn in training mode. Measured on the CPU over
 # 1,200 honest calls of six stochastic shapes (dropout before a softmax, dropout last, added

@@ -51,7 +51,7 @@ extern "C" __global__ void cuda_agent_gate(volatile int* flag, int* timed_out, i
 }
 """
 GATE_TIMEOUT_US = 50_000   # longer than any honest forward takes to enqueue; a host sync costs this once
-# With the judge's release the judge opens the gate (after RELEASE_WAIT_S at the latest, harness.py);
+# With the judge's release the judge opens the gate (after RELEASE_WAIT_S at the latest, calls.py `release_call`);
 # the gate's own timeout is then only a backstop against a judge that never does.
 JUDGE_GATE_TIMEOUT_US = 10_000_000
 RELEASE_WAIT_S = 0.2
@@ -481,7 +481,7 @@ def reconcile(inside_ms: list[float], outside_ms: list[float], overhead_ms: floa
     more than its share, so a claim from a clock slowed inside the process could be the cores'
     factor short. Wall time does not divide. `wall_ms` is the judge's wall time of each call and
     `waited_ms` the time the candidate's threads and the judge's waited for a core meanwhile
-    (the kernel's run delay, summed over the threads; harness `_waits_during`): what load adds
+    (the kernel's run delay, summed over the threads; clocks.py `waits_during`): what load adds
     to an honest call is threads of its critical path waiting, so the wall time less those waits,
     less `wall_overhead_ms` (the null model's wall time per call: the protocol's cost, its waits
     included, so a null measured on a loaded host weakens the bound rather than tightening it) and
