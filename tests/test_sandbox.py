@@ -239,7 +239,7 @@ def test_incomplete_isolation_fails_the_verdict_as_the_judges_fault(tmp_path, mo
     from cuda_agent.judge import FailureCategory, Judge
 
     task, cand = _tanh_task_and_candidate()
-    monkeypatch.setattr(sb, "seccomp_mode", lambda pid: 0)
+    monkeypatch.setattr(sb.process, "seccomp_mode", lambda pid: 0)  # where the judge's process reads it
     with Judge(_config(tmp_path, spares=0)) as judge:
         v = judge.evaluate(task, cand)
     assert not v.correct and reward_of(v).value == -1
