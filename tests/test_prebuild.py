@@ -21,7 +21,7 @@ from cuda_agent.judge.build import workspace_spec
 from cuda_agent.judge.buildplan import plan_build, spec_from_request, workspace_slot
 from cuda_agent.judge.builds import CandidateBuilds
 from cuda_agent.judge.evaluation import Evaluation
-from cuda_agent.judge.worker import load_inline_request
+from cuda_agent.judge.inline_request import load_inline_request
 from cuda_agent.pool import Pool, PoolConfig
 from cuda_agent.pool.prebuild import build_plan_ahead
 from cuda_agent.suite import suite_solutions, suite_tasks
