@@ -49,9 +49,7 @@ from . import observer as obs
 from . import policy as pol
 from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, BaselineStore, FileBaselineStore,
                         baseline_source)
-from .build import Builder, build_arch
-from .buildplan import BuildOutcome, BuildPlan
-from .builds import CandidateBuilds
+from .build import BuildOutcome, Builder, BuildPlan, CandidateBuilds, build_arch
 from .compare import (CEILING_NOISE_MULTIPLE, NOISE_DOMINATED, PROBE_DELTA, PROBE_FLOOR, changed_input,
                       compare_outputs, degenerate_warnings, response_error)
 from .sol import task_speed_of_light

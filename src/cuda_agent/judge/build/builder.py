@@ -36,7 +36,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from .sandbox import SandboxSpec, Sandboxed, pin_threads, python_argv
+from ..sandbox import SandboxSpec, Sandboxed, pin_threads, python_argv
 
 INFRA = files("cuda_agent") / "infra"
 
@@ -468,7 +468,7 @@ class Builder:
         files = dict(spec.sources)
         header, binding = files[name], files.get("binding.cpp")
         inline = name == INLINE_PRELUDE
-        # The extension's name is left out of the header's compile line (buildjob.make_pch), and only
+        # The extension's name is left out of the header's compile line (job.make_pch), and only
         # the C++ flags reach main.cpp, so one inline prelude serves every name and CUDA flag set.
         parts = ([self.fingerprint, "inline", spec.cflags, spec.with_cuda, header] if inline else
                  [self.fingerprint, spec.name, spec.cflags, spec.cuda_cflags, spec.ldflags, spec.with_cuda, header,
@@ -589,9 +589,9 @@ class Builder:
         if self.arch:
             env["TORCH_CUDA_ARCH_LIST"] = self.arch
         proc = Sandboxed(SandboxSpec(
-            argv=python_argv("cuda_agent.judge.buildjob", str(bdir / "job.json")),
+            argv=python_argv("cuda_agent.judge.build.job", str(bdir / "job.json")),
             workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096,
-            target="buildjob", target_args=[str(bdir / "job.json")], landlock=self.landlock),
+            target="build.job", target_args=[str(bdir / "job.json")], landlock=self.landlock),
             self.zygote() if self.zygote else None)
         pin_threads(proc.pid, self.cpus)
         try:

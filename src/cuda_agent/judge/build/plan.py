@@ -5,7 +5,7 @@ all, the static policy violations of its sources, and the `BuildSpec`s to compil
 build-folder name (slot). Everyone who builds "like the judge" asks this module:
 
 * the judge itself: `Judge.evaluate` plans, then builds each spec with `build_spec` (build, then
-  the library's imports checked); `CandidateBuilds.serve` (builds.py) turns a candidate's `load_inline` request
+  the library's imports checked); `CandidateBuilds.serve` (candidate.py) turns a candidate's `load_inline` request
   into a spec with `spec_from_request`; `Judge.build` is `build_planned` of its plan;
 * compile workers (`cuda_agent.pool.prebuild`), which carry out the same plan with
   `build_planned` into the content-addressed build cache ahead of the judge: the same spec is
@@ -40,10 +40,10 @@ from pydantic import BaseModel, Field
 from cuda_agent import pysource
 from cuda_agent.candidate import Candidate
 
-from . import policy as pol
-from .inline_request import load_inline_request
-from .build import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
-from .verdict import Failure, FailureCategory
+from .. import policy as pol
+from ..inline_request import load_inline_request
+from ..verdict import Failure, FailureCategory
+from .builder import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
 
 
 class BuildPlan(BaseModel):
