@@ -890,7 +890,7 @@ def test_inline_preludes_are_made_on_a_flag_sets_second_use_and_the_oldest_evict
         flags = ["-O2", f"-DVARIANT={i}"]
         builder._pch(spec("x", flags))
         assert builder._pch(spec("y", flags)) is not None
-    preludes = sorted(p.name for p in (tmp_path / "work" / "pch").glob("inline-*") if p.is_dir())
+    preludes = sorted(p.name for p in (tmp_path / "cache" / "pch").glob("inline-*") if p.is_dir())
     assert len(preludes) == kept and not gch.exists()
 
 

@@ -1,14 +1,14 @@
 """`cuda-agent suite` and `cuda-agent cache`: where the bundled tasks are, and what the judge keeps.
 
-The judge keeps five things, each in a folder of its own, and each safe to delete (it is rebuilt on
-demand, at the cost of the time it saved):
+The judge keeps five things in its cache folder (`$CUDA_AGENT_CACHE`), each safe to delete (it is
+rebuilt on demand, at the cost of the time it saved):
 
     ext/             built candidate libraries, keyed by their sources, flags and toolchain
     baselines/       eager and torch.compile times of tasks, keyed by task, settings and machine
     verdicts/        finished verdicts, keyed by task, candidate and judge settings
     results.sqlite   the results database of `bench` runs (`cuda-agent runs`, `report`)
-    pch/             precompiled headers of the fixed binding and the load_inline prelude (in the
-                     judge's working folder, `$CUDA_AGENT_WORK`, where the build sandbox reads them)
+    pch/             precompiled headers of the fixed binding and the load_inline prelude (read,
+                     not written, by the sandboxed builds)
 
 `results.sqlite` is the record of past runs, not a cache: `--clear all` leaves it, and only
 `--clear results` removes it.
@@ -51,17 +51,16 @@ class CachePart:
 CLEARED_BY_ALL = ("ext", "baselines", "verdicts", "pch")
 
 
-def cache_parts(cache_dir: Path | None = None, work_root: Path | None = None) -> list[CachePart]:
-    """The judge's cache parts (defaults: `$CUDA_AGENT_CACHE` and `$CUDA_AGENT_WORK`)."""
+def cache_parts(cache_dir: Path | None = None) -> list[CachePart]:
+    """The judge's cache parts (default folder: `$CUDA_AGENT_CACHE`)."""
     from cuda_agent.db import default_db_path
-    from cuda_agent.judge.config import default_cache_dir, default_work_root
+    from cuda_agent.judge.config import default_cache_dir
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    work_root = work_root if work_root is not None else default_work_root()
     return [CachePart("ext", cache / "ext", "built candidate libraries"),
             CachePart("baselines", cache / "baselines", "eager and torch.compile times of tasks"),
             CachePart("verdicts", cache / "verdicts", "finished verdicts"),
-            CachePart("pch", Path(work_root) / "pch", "precompiled headers (judge's working folder)"),
+            CachePart("pch", cache / "pch", "precompiled headers"),
             CachePart("results", default_db_path(cache), "the results database of bench runs")]
 
 

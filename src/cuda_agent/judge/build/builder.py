@@ -335,7 +335,8 @@ class Builder:
         self.jobs = jobs or (len(cpus) if cpus else os.cpu_count()) or 2
         self.fingerprint = toolchain_fingerprint(arch)
         self.zygote = zygote  # callable returning a Zygote (or None): saves the interpreter start
-        self.pch_root = work_root / "pch"
+        # Precompiled headers: the judge's cache, shown read-only to the sandboxed builds (`expose`)
+        self.pch_root = cache_dir / "pch"
         self._pch_failed: set[str] = set()
         self.light_cuda_headers = light_cuda_headers   # see LIGHT_EXTENSION_H
         self.landlock = landlock  # for the compiler processes, as for the candidate's (SandboxSpec.landlock)
@@ -591,7 +592,8 @@ class Builder:
         proc = Sandboxed(SandboxSpec(
             argv=python_argv("cuda_agent.judge.build.job", str(bdir / "job.json")),
             workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096,
-            target="build.job", target_args=[str(bdir / "job.json")], landlock=self.landlock),
+            target="build.job", target_args=[str(bdir / "job.json")], landlock=self.landlock,
+            expose=(self.pch_root,)),
             self.zygote() if self.zygote else None)
         pin_threads(proc.pid, self.cpus)
         try:

@@ -57,10 +57,11 @@ def landlock_use(mode: str) -> bool:
     return mode == "on" or (mode == "auto" and not is_root() and landlock_abi() >= 1)
 
 
-def landlock_plan(workdir: Path, hide: tuple[Path, ...]) -> dict:
+def landlock_plan(workdir: Path, hide: tuple[Path, ...], expose: tuple[Path, ...] = ()) -> dict:
     """What a process may reach (computed in the judge, applied by `install_landlock`): the judge's
-    folders of `private_view` hidden, what the runtime needs from them exposed, the workdir open."""
-    view = private_view(workdir, hide, drop_uid=False)
+    folders of `private_view` hidden, what the runtime (and `expose`) needs from them exposed, the
+    workdir open."""
+    view = private_view(workdir, hide, drop_uid=False, expose=expose)
     return {"workdir": os.path.realpath(workdir), "hide": view["hide"], "expose": view["expose"]}
 
 

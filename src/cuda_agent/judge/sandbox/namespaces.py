@@ -88,8 +88,10 @@ def _barrier(path: str) -> str | None:
     return None
 
 
-def private_view(workdir: Path, hide: tuple[Path, ...], drop_uid: bool) -> dict:
-    """The mount plan of one sandboxed process (computed in the judge, applied by `_enter_view`)."""
+def private_view(workdir: Path, hide: tuple[Path, ...], drop_uid: bool, expose: tuple[Path, ...] = ()) -> dict:
+    """The mount plan of one sandboxed process (computed in the judge, applied by `_enter_view`).
+    `expose`: folders of the judge the process reads (a build's precompiled headers, in the judge's
+    cache folder), bound back read-only where a covered folder would hide them."""
     workdir_s = os.path.realpath(workdir)
     hidden: list[str] = []
     for h in (*hide, work_root_dir(), _default_cache_dir()):
@@ -99,13 +101,13 @@ def private_view(workdir: Path, hide: tuple[Path, ...], drop_uid: bool) -> dict:
     # outermost first, and none inside another (a tmpfs over the outer one hides them already)
     hidden = [h for h in sorted(hidden) if not any(h.startswith(o + "/") for o in hidden if o != h)]
     barriers: list[str] = []
-    expose: list[str] = []
+    shown: list[str] = []
     for p in runtime_paths():
         # under a covered judge folder (a cache that holds the venv): bound back read-only
         under_hidden = any(p.startswith(h + "/") for h in hidden)
         b = _barrier(p) if drop_uid else None
         if under_hidden or b is not None:
-            expose.append(p)
+            shown.append(p)
         if b is not None and not under_hidden and b not in barriers:
             barriers.append(b)
     if drop_uid:
@@ -113,16 +115,24 @@ def private_view(workdir: Path, hide: tuple[Path, ...], drop_uid: bool) -> dict:
         if wb is not None and not any(wb == h or wb.startswith(h + "/") for h in hidden) and wb not in barriers:
             barriers.append(wb)
     # The judge's precompiled binding headers (made by the judge, read-only to every sandbox uid)
-    # stay visible: builds link against them.
-    pch = os.path.realpath(work_root_dir() / "pch")
-    if os.path.isdir(pch) and any(pch.startswith(h + "/") for h in hidden):
-        expose.append(pch)
+    # stay visible to builds, which link against them. Passed in, not guessed: they live in the
+    # judge's cache folder, which need not be the default one.
+    for path in expose:
+        real = os.path.realpath(path)
+        if not os.path.isdir(real) or real in shown:
+            continue
+        under_hidden = any(real.startswith(h + "/") for h in hidden)
+        b = _barrier(real) if drop_uid else None
+        if under_hidden or b is not None:
+            shown.append(real)
+        if b is not None and not under_hidden and b not in barriers:
+            barriers.append(b)
     barriers = [b for b in sorted(barriers) if not any(b.startswith(o + "/") for o in barriers if o != b)]
     # a barrier inside a hidden folder is covered by it; a hidden folder inside a barrier is gone already
     hidden = [h for h in hidden if not any(h.startswith(b + "/") for b in barriers)]
     barriers = [b for b in barriers if not any(b == h or b.startswith(h + "/") for h in hidden)]
     covered = any(workdir_s.startswith(t + "/") for t in (*hidden, *barriers))
-    return {"expose": expose, "barriers": barriers, "hide": hidden, "workdir": workdir_s if covered else None}
+    return {"expose": shown, "barriers": barriers, "hide": hidden, "workdir": workdir_s if covered else None}
 
 
 def _default_cache_dir() -> Path:

@@ -74,6 +74,7 @@ class SandboxSpec:
     target_args: list = field(default_factory=list)
     hide: tuple[Path, ...] = ()          # judge folders to cover (besides the work root and default cache)
     landlock: str = "auto"             # "on", "off" or "auto": on where the judge is not root (see landlock_use)
+    expose: tuple[Path, ...] = ()        # judge folders shown read-only where hidden (a build's precompiled headers)
 
 
 class Sandboxed:
@@ -96,7 +97,7 @@ class Sandboxed:
             problem = namespaces_problem(spec.isolate_network)
             if problem:
                 raise SandboxError(problem)
-            view = private_view(spec.workdir, spec.hide, self.uid is not None)
+            view = private_view(spec.workdir, spec.hide, self.uid is not None, spec.expose)
         self.landlock = landlock_use(spec.landlock)
         self.cgroup = _pids_cgroup(spec.max_procs)
         if self.uid is not None:
@@ -107,7 +108,8 @@ class Sandboxed:
         self.setup = {"workdir": str(spec.workdir), "uid": self.uid, "cgroup": self.cgroup,
                       "max_file_mb": spec.max_file_mb, "max_procs": spec.max_procs,
                       "address_space_mb": spec.address_space_mb, "isolate_network": spec.isolate_network,
-                      "view": view, "landlock": landlock_plan(spec.workdir, spec.hide) if self.landlock else None}
+                      "view": view,
+                      "landlock": landlock_plan(spec.workdir, spec.hide, spec.expose) if self.landlock else None}
         self.isolation: list[str] = ["own session", "scrubbed env", "rlimits", "parent-death kill"]
         if zygote is not None and spec.target is not None and zygote.usable():
             log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
