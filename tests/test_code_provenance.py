@@ -1,5 +1,5 @@
 """Candidate code where the judge does not look: code compiled from anything the judge did not read
-(the audit hook's rule, worker._code_source_refusal; each case runs in a fresh interpreter, since
+(the audit hook's rule, guards._code_source_refusal; each case runs in a fresh interpreter, since
 an audit hook cannot be removed from a process), and candidate code left to run inside the
 harness's own work (worker._escapes)."""
 
@@ -13,9 +13,9 @@ PRELUDE = textwrap.dedent("""
     import os, sys, tempfile
     workdir = tempfile.mkdtemp()
     os.chdir(workdir)
-    from cuda_agent.judge import worker
+    from cuda_agent.judge import guards
     blocked = []
-    worker._install_audit_hook(workdir, blocked)
+    guards._install_audit_hook(workdir, blocked)
 
     def refused(fn):
         try:
@@ -41,7 +41,7 @@ def test_strings_and_hand_built_code_are_refused():
         assert refused(lambda: exec("x = 1"))
         assert refused(lambda: eval("1 + 1"))
         assert refused(lambda: compile("x = 1", "<string>", "exec"))
-        assert refused(lambda: worker._code_source_refusal.__code__.replace(co_name="other"))
+        assert refused(lambda: guards._code_source_refusal.__code__.replace(co_name="other"))
         assert any("did not check" in b for b in blocked) and any("by hand" in b for b in blocked)
     """)
 
@@ -67,9 +67,9 @@ def test_the_candidates_source_compiles_once_and_only_as_read():
         with open(path, "wb") as fh:
             fh.write(source)
         assert refused(lambda: compile(source, path, "exec"))            # not announced
-        worker._EXPECTED_SOURCE[:] = [(os.path.realpath(path), b"VALUE = 8\\n")]
+        guards._EXPECTED_SOURCE[:] = [(os.path.realpath(path), b"VALUE = 8\\n")]
         assert refused(lambda: compile(source, path, "exec"))            # other bytes than announced
-        worker._EXPECTED_SOURCE[:] = [(os.path.realpath(path), source)]
+        guards._EXPECTED_SOURCE[:] = [(os.path.realpath(path), source)]
         namespace = {}
         exec(compile(source, path, "exec"), namespace)
         assert namespace["VALUE"] == 7

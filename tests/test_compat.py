@@ -229,10 +229,10 @@ def test_strict_still_refuses_compute_named_math_when_math_is_rebound():
     assert any(".sqrt()" in v for v in policy.check_python(src, "strict"))
 
 
-# -- candidate namespace (worker) -------------------------------------------------------------------
+# -- candidate namespace (guards) -------------------------------------------------------------------
 
 def test_candidate_module_sees_reference_globals_and_its_own_names_win():
-    from cuda_agent.judge.worker import _Blocked, _candidate_namespace
+    from cuda_agent.judge.guards import _Blocked, _candidate_namespace
 
     reference = types.ModuleType("model")
     exec("batch_size = 16\nhardtanh_min = -0.5\ndef to_2tuple(x):\n    return (x, x)\nclass Model: pass\n",
@@ -252,7 +252,7 @@ def test_candidate_module_sees_reference_globals_and_its_own_names_win():
 
 
 def test_the_strict_namespace_leaves_out_what_the_candidate_could_not_import():
-    from cuda_agent.judge.worker import _candidate_namespace
+    from cuda_agent.judge.guards import _candidate_namespace
 
     reference = types.ModuleType("model")
     exec("import math\nimport numpy as np\nfrom numpy import log2\nimport torch\nbatch_size = 8\n"

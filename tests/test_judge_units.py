@@ -784,7 +784,7 @@ def test_light_cuda_headers_are_a_first_try_with_torchs_header_after_it(tmp_path
         Path(job["build_directory"], "light_twice.so").write_bytes(b"\x7fELF fake")
 
     monkeypatch.setattr(builder, "_run_job", fake_job)
-    monkeypatch.setattr("cuda_agent.judge.build.object_imports", lambda out: {})
+    monkeypatch.setattr("cuda_agent.judge.build.builder.object_imports", lambda out: {})
     if first_try == "times out":
         with pytest.raises(BuildError, match="exceeded"):
             builder.build(_light_spec())
@@ -818,7 +818,7 @@ def test_light_cuda_headers_leave_other_builds_alone(tmp_path, monkeypatch):
                           light_cuda_headers=light_on)
         monkeypatch.setattr(builder, "_pch", lambda spec: None)
         monkeypatch.setattr(builder, "_run_job", fake_job)
-        monkeypatch.setattr("cuda_agent.judge.build.object_imports", lambda out: {})
+        monkeypatch.setattr("cuda_agent.judge.build.builder.object_imports", lambda out: {})
         result = builder.build(_light_spec(source, name))
         assert not result.light_headers
     assert len(jobs) == 2 and not any(LIGHT_DIR in f for job in jobs for f in job["cuda_cflags"])
@@ -855,7 +855,7 @@ def test_inline_preludes_are_made_on_a_flag_sets_second_use_and_the_oldest_evict
     import os as _os
     from pathlib import Path
 
-    from cuda_agent.judge import build as build_mod
+    from cuda_agent.judge.build import builder as build_mod
     from cuda_agent.judge.build import INLINE_PRELUDE, Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
@@ -890,7 +890,7 @@ def test_inline_preludes_are_made_on_a_flag_sets_second_use_and_the_oldest_evict
         flags = ["-O2", f"-DVARIANT={i}"]
         builder._pch(spec("x", flags))
         assert builder._pch(spec("y", flags)) is not None
-    preludes = sorted(p.name for p in (tmp_path / "work" / "pch").glob("inline-*") if p.is_dir())
+    preludes = sorted(p.name for p in (tmp_path / "cache" / "pch").glob("inline-*") if p.is_dir())
     assert len(preludes) == kept and not gch.exists()
 
 

@@ -1,5 +1,5 @@
 """Compile workers, the agent's compile tool and the judge build the same thing: one plan
-(`cuda_agent.judge.buildplan`), checked here against the judge's own code paths. The static reading
+(`cuda_agent.judge.build.plan`), checked here against the judge's own code paths. The static reading
 of load_inline calls agrees with what `CandidateBuilds.serve` makes of the request the running module
 sends; the workspace spec `Judge.evaluate` builds is the plan's; and a candidate built ahead (by
 `Judge.build` or a compile worker) is a build-cache hit for the judge."""
@@ -17,11 +17,9 @@ from conftest import judge_cache_dir, read_header
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Judge, JudgeConfig, Verdict
 from cuda_agent.judge import harness
-from cuda_agent.judge.build import workspace_spec
-from cuda_agent.judge.buildplan import plan_build, spec_from_request, workspace_slot
-from cuda_agent.judge.builds import CandidateBuilds
+from cuda_agent.judge.build import CandidateBuilds, plan_build, spec_from_request, workspace_slot, workspace_spec
 from cuda_agent.judge.evaluation import Evaluation
-from cuda_agent.judge.worker import load_inline_request
+from cuda_agent.judge.inline_request import load_inline_request
 from cuda_agent.pool import Pool, PoolConfig
 from cuda_agent.pool.prebuild import build_plan_ahead
 from cuda_agent.suite import suite_solutions, suite_tasks

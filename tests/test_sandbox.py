@@ -142,8 +142,8 @@ def test_sandboxed_process_has_its_own_uid_and_sees_none_of_the_judge(tmp_path):
     assert r["judge_mem"][0] == "refused"
     assert r["list_cache"] == ["ok", "[]"]  # an empty tmpfs over the cache
     assert r["read_cache_file"][0] == "refused"
-    # only the path to its own workdir, and the judge's precompiled headers (read-only, for builds)
-    assert r["list_work_root"][0] == "ok" and set(ast.literal_eval(r["list_work_root"][1])) <= {"runs", "pch"}
+    # only the path to its own workdir (the precompiled headers are the builds', in the cache folder)
+    assert r["list_work_root"][0] == "ok" and set(ast.literal_eval(r["list_work_root"][1])) <= {"runs"}
     assert r["list_runs"] == ["ok", repr([workdir.name])]
     assert r["other_run"][0] == "refused"
     assert r["write_own"][0] == "ok"
@@ -165,6 +165,25 @@ def test_runtime_under_a_private_home_is_exposed_read_only():
         assert sb._barrier(p) in view["barriers"]
     for b in view["barriers"]:
         assert not os.stat(b).st_mode & 0o001
+
+
+def test_a_builds_precompiled_headers_are_shown_from_the_cache_it_is_given(tmp_path):
+    """The precompiled headers live in the judge's cache folder, which a sandboxed process does not
+    see: a build is given their folder (SandboxSpec.expose, whatever the cache folder is) and gets
+    it back read-only, in its mount plan and its Landlock plan; a process not given it does not."""
+    cache = tmp_path / "cache"
+    pch = cache / "pch"
+    pch.mkdir(parents=True)
+    workdir = sb.new_workdir(sb.work_root_dir() / "runs", "pch-view-")
+    try:
+        for drop_uid in (False, True):
+            view = sb.private_view(workdir, (cache,), drop_uid, expose=(pch,))
+            assert os.path.realpath(pch) in view["expose"]
+            assert os.path.realpath(pch) not in sb.private_view(workdir, (cache,), drop_uid)["expose"]
+        plan = sb.landlock_plan(workdir, (cache,), (pch,))
+        assert os.path.realpath(cache) in plan["hide"] and os.path.realpath(pch) in plan["expose"]
+    finally:
+        sb._remove(workdir)
 
 
 def test_missing_isolation_is_named_before_candidate_code_runs():
@@ -239,7 +258,7 @@ def test_incomplete_isolation_fails_the_verdict_as_the_judges_fault(tmp_path, mo
     from cuda_agent.judge import FailureCategory, Judge
 
     task, cand = _tanh_task_and_candidate()
-    monkeypatch.setattr(sb, "seccomp_mode", lambda pid: 0)
+    monkeypatch.setattr(sb.process, "seccomp_mode", lambda pid: 0)  # where the judge's process reads it
     with Judge(_config(tmp_path, spares=0)) as judge:
         v = judge.evaluate(task, cand)
     assert not v.correct and reward_of(v).value == -1

@@ -350,16 +350,16 @@ def suite_cmd(device: DeviceOpt = None) -> None:
 def cache_cmd(clear: Annotated[Optional[list[str]], typer.Option(
         "--clear", help="remove a part: ext, baselines, verdicts, pch, results, or all (every part but the "
                         "results database); repeat for several")] = None) -> None:
-    """Show what the judge keeps, part by part, with its size and path (the cache folder is
-    $CUDA_AGENT_CACHE, the precompiled headers sit in the working folder $CUDA_AGENT_WORK); each part
-    is rebuilt on demand once cleared. Clear nothing while a judge is running."""
+    """Show what the judge keeps, part by part, with its size and path (every part lives in the
+    cache folder, $CUDA_AGENT_CACHE); each part is rebuilt on demand once cleared. Clear nothing
+    while a judge is running."""
     from cuda_agent.house import CLEARED_BY_ALL, cache_parts, human_bytes
 
     parts = {p.name: p for p in cache_parts()}
     names = []
     for name in clear or []:
         if name == "all":
-            names += [n for n in CLEARED_BY_ALL if n not in names]
+            names += [n for n in CLEARED_BY_ALL if n in parts and n not in names]
         elif name in parts:
             names.append(name)
         else:

@@ -208,7 +208,7 @@ def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
 
     from cuda_agent.judge import policy as pol
     from cuda_agent.judge.build import check_flags
-    from cuda_agent.judge.buildplan import static_load_inline_calls
+    from cuda_agent.judge.build import static_load_inline_calls
     from cuda_agent.judge.worker import load_inline_request
 
     def strings(value) -> list[str]:

@@ -59,7 +59,7 @@ APPROX_SLACK = 1.05
 # few outputs carry the norm (products underflowing into denormals: KernelBench level 1, problem 50),
 # the reference's error is a noisy estimate of what any float32 order gives: the published
 # left-to-right product kernel measured 2.6x the reference's error on the H200, and over 40 input
-# draws and five orders of the same products (`benchmarks/reorder_noise.py`) the bound refuses 7.6%
+# draws and five orders of the same products (reorder_noise, docs/results/2026-12-06-retired-diagnostics.md) the bound refuses 7.6%
 # of the correct pairs with a cap of 1x, 2.5% with 4x, 0.5% with 6x (those over 16x too). Lower
 # precision is 2^13x or more; zeros are 1.0.
 CEILING_NOISE_MULTIPLE = 6.0

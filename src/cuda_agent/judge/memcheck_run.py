@@ -35,8 +35,8 @@ def _wait_for_files(workdir: str) -> bool:
 def _confine(workdir: str, blocked: list[str]) -> None:
     """The worker's restrictions, installed before any candidate code loads: its seccomp filter and
     its audit hook; exits 4 where the filter cannot be installed."""
+    from .guards import _install_audit_hook
     from .sandbox import install_seccomp
-    from .worker import _install_audit_hook
 
     if not install_seccomp():
         print("memcheck_run: the seccomp filter could not be installed; the candidate was not run", flush=True)
@@ -48,17 +48,17 @@ def _load_candidate(path: str, reference, blocked: list[str], policy: str):
     """The candidate module, loaded as the worker loads it (its namespace, the one compile of the bytes read)."""
     import importlib.util
 
-    from . import worker as w
+    from . import guards as g
 
     spec = importlib.util.spec_from_file_location("model_new", path)
     module = importlib.util.module_from_spec(spec)
-    w._candidate_namespace(module, reference, blocked, policy)
+    g._candidate_namespace(module, reference, blocked, policy)
     sys.modules["model_new"] = module
     with open(path, "rb") as fh:
         source = fh.read()
-    w._EXPECTED_SOURCE[:] = [(os.path.realpath(path), source)]
+    g._EXPECTED_SOURCE[:] = [(os.path.realpath(path), source)]
     code = compile(source, path, "exec", dont_inherit=True)
-    w._EXPECTED_SOURCE.clear()
+    g._EXPECTED_SOURCE.clear()
     exec(code, module.__dict__)
     return module
 

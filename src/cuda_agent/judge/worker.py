@@ -3,8 +3,9 @@
 It loads the candidate, answers the judge's requests and reports what it saw. The judge treats
 every report as a claim: outputs are checked against references that never exist in this
 process, and times are believed only when the judge's own clock agrees. The audit hook and the
-observer of dispatched ops (observer.py) make honest mistakes and lazy hacks fail loudly; a determined
-attacker who defeats them still faces the out-of-process checks.
+guards of the candidate's namespace (guards.py) and the observer of dispatched ops (observer.py)
+make honest mistakes and lazy hacks fail loudly; a determined attacker who defeats them still faces
+the out-of-process checks.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import sys
 import traceback
 from typing import TYPE_CHECKING
 
+from .guards import _EXPECTED_SOURCE, _JUDGE_LIBRARIES, _candidate_namespace, _install_audit_hook
+from .inline_request import load_inline_request
+
 if TYPE_CHECKING:  # the messages' types only: this module's imports stay light (spares start fast)
-    from .protocol import BuildRequest, InitRequest
+    from .protocol import InitRequest
 
 
 def _trim_traceback(exc: BaseException, limit: int = 2500) -> str:
@@ -28,301 +32,7 @@ def _trim_traceback(exc: BaseException, limit: int = 2500) -> str:
     return text[-limit:]
 
 
-def load_inline_request(name, cpp_sources, cuda_sources=None, functions=None, extra_cflags=None,
-                        extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None,
-                        build_directory=None, verbose=False, with_cuda=None, is_python_module=True,
-                        with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False, **_) -> BuildRequest:
-    """The build request the judge receives for a `load_inline` call (the stand-in's signature is
-    load_inline's). Compile workers bind statically read arguments to it too
-    (cuda_agent.judge.buildplan), so both paths hand the judge the same request."""
-    if extra_include_paths:
-        raise RuntimeError("extra_include_paths is not supported by the judge")
-    return {"op": "build", "name": name, "cpp_sources": cpp_sources, "cuda_sources": cuda_sources,
-            "functions": functions, "cflags": extra_cflags, "cuda_cflags": extra_cuda_cflags,
-            "ldflags": extra_ldflags, "with_cuda": with_cuda,
-            "with_pytorch_error_handling": with_pytorch_error_handling}
-
-
-class _Blocked(PermissionError):
-    pass
-
-
-# Native libraries the worker itself loaded for the judge (the observer, the libraries the judge
-# built and placed in the workspace). Candidate code may import these again; any other native
-# module must come from the Python/torch installation, never from a folder the candidate can write.
-_JUDGE_LIBRARIES: set[str] = set()
-
-
-def _native_allowed(filename: str, workdir_root: str) -> bool:
-    real = os.path.realpath(filename)
-    return real in _JUDGE_LIBRARIES or _installed(real, workdir_root)
-
-
-def _installed(real: str, workdir_root: str) -> bool:
-    """Whether a resolved path lies in the Python/torch installation (never in the workspace)."""
-    if real == workdir_root or real.startswith(workdir_root + os.sep):
-        return False
-    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    roots |= _INSTALL_PATHS
-    return any(real.startswith(r + os.sep) for r in roots)
-
-
-# The one compile of candidate source the audit hook lets through: (resolved path, exact bytes),
-# set by the worker just before it compiles the module the judge checked, and consumed by it.
-_EXPECTED_SOURCE: list[tuple[str, bytes]] = []
-
-
-def _same_as_file(data, path: str, skip: int = 0) -> bool:
-    """Whether `data` (bytes or text) is exactly what the file at `path` holds after `skip` bytes."""
-    try:
-        with open(path, "rb") as fh:
-            held = fh.read()[skip:]
-    except OSError:
-        return False
-    if isinstance(data, str):
-        try:
-            return data == held.decode("utf-8")
-        except UnicodeDecodeError:
-            return False
-    try:
-        return bytes(data) == held
-    except TypeError:
-        return False
-
-
-def _is_importlib(code) -> bool:
-    name = code.co_filename
-    return name.startswith("<frozen importlib.") or name.endswith(
-        (os.path.join("importlib", "_bootstrap.py"), os.path.join("importlib", "_bootstrap_external.py")))
-
-
-def _in_library_import(frame, root: str) -> bool:
-    """Whether a compile comes from an installed module's own top level while importlib imports it
-    (mpmath, sympy and others generate functions as they load): every frame from the caller up
-    to that module's top level is code of the installation, so no candidate function (and no
-    string a candidate passed) stands between."""
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name or name.startswith("<") or not _installed(os.path.realpath(name), root):
-            return False
-        if frame.f_code.co_name == "<module>":
-            return frame.f_back is not None and _is_importlib(frame.f_back.f_code)
-        frame = frame.f_back
-    return False
-
-
-# Names no method a dataclass or namedtuple generates uses, short of a field so named; one in
-# generated text means a field name carried code into it.
-_SMUGGLED = {"__import__", "exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals",
-             "vars", "breakpoint", "__builtins__"}
-
-
-def _smuggles(source) -> bool:
-    """Whether generated source imports something or names a way out of the policy."""
-    import ast
-
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, TypeError):
-        return True
-    return any(isinstance(n, (ast.Import, ast.ImportFrom)) or (isinstance(n, ast.Name) and n.id in _SMUGGLED)
-               for n in ast.walk(tree))
-
-
-def _code_source_refusal(event: str, args: tuple, caller, root: str, makers: dict) -> str | None:
-    """Why new code may not come into being here, or None where it may.
-
-    Once candidate code can run, the only Python that may be compiled is code the judge has read:
-    the candidate's module (once, the bytes it checked) and the installation's own files (lazy
-    imports, from source or from their bytecode caches, byte for byte as on disk). Everything else
-    (a string handed to a library that compiles it, such as torch.package's importer or a custom
-    importlib loader) is code no policy check has seen, so it is refused, except where no candidate
-    chooses the text: an installed module generating code at its own top level while it is
-    imported, `ast.parse` (an AST only; compiling the AST is checked again), and the generators of
-    dataclass and namedtuple methods, whose text is made of identifiers (the source check refuses
-    `__annotations__`, the one way to give them others, and the text is read for smuggled names)."""
-    if event == "code.__new__":
-        return "building code objects by hand"
-    if event == "compile":
-        source, filename = (args + (None, None))[:2]
-        name = os.fsdecode(filename) if isinstance(filename, (str, bytes)) else ""
-        real = os.path.realpath(name) if name and not name.startswith("<") else ""
-        if _EXPECTED_SOURCE and (real, source) == _EXPECTED_SOURCE[0]:
-            _EXPECTED_SOURCE.clear()
-            return None
-        if real and _installed(real, root) and _same_as_file(source, real):
-            return None
-        if _in_library_import(caller, root):
-            return None
-        if caller is not None and caller.f_code in makers:
-            if makers[caller.f_code] == "parse" or not _smuggles(source):
-                return None
-            return "generated code that imports or reaches the interpreter"
-        return f"compiling code the judge did not check ({name[:80] or type(source).__name__})"
-    # marshal.loads / marshal.load: importlib reading a bytecode cache of the installation
-    code = caller.f_code if caller is not None else None
-    if code is not None and code.co_name == "_compile_bytecode" and _is_importlib(code):
-        path = caller.f_locals.get("bytecode_path")
-        real = os.path.realpath(path) if isinstance(path, str) else ""
-        if real and _installed(real, root) and args and _same_as_file(args[0], real, skip=16):
-            return None
-    return "loading marshalled code"
-
-
-# Import paths of the installation (user site, PYTHONPATH), taken before candidate code runs.
-_INSTALL_PATHS: set[str] = set()
-
-
-def _install_audit_hook(workdir: str, blocked: list[str]) -> None:
-    deny = {
-        "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
-        "pty.spawn", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.string_at",
-        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
-        "sys.settrace", "sys.setprofile", "pickle.find_class", "urllib.Request",
-        "http.client.connect", "os.kill", "os.killpg", "signal.pthread_kill", "sys.addaudithook",
-        "os.setuid", "os.chroot", "resource.setrlimit", "syslog.openlog", "webbrowser.open",
-    }
-    path_events = {"os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
-                   "os.symlink", "os.link", "shutil.rmtree", "shutil.move", "os.mkdir", "os.utime"}
-    root = os.path.realpath(workdir)
-    _INSTALL_PATHS.update(os.path.realpath(p) for p in sys.path if os.path.isabs(p) and os.path.isdir(p)
-                          and not (os.path.realpath(p) + os.sep).startswith(root + os.sep))
-    import ast
-    import collections
-    import dataclasses
-
-    # the code generators whose compiles are let through (see _code_source_refusal); compared by
-    # code object, which rebinding a module attribute cannot forge
-    makers = {ast.parse.__code__: "parse", dataclasses._create_fn.__code__: "generate",
-              collections.namedtuple.__code__: "generate"}
-    code_events = {"compile", "code.__new__", "marshal.loads", "marshal.load"}
-
-    def inside(path) -> bool:
-        if isinstance(path, int):
-            return False
-        try:
-            real = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError):
-            return False
-        return real == root or real.startswith(root + os.sep)
-
-    def hook(event: str, args: tuple) -> None:
-        if event in deny:
-            blocked.append(event)
-            raise _Blocked(f"{event} is not allowed in the judge's sandbox")
-        if event in code_events:
-            why = _code_source_refusal(event, args, sys._getframe(1), root, makers)
-            if why is not None:
-                blocked.append(why)
-                raise _Blocked(f"{why} is not allowed in the judge's sandbox")
-            return
-        if event == "import" and len(args) > 1 and isinstance(args[1], str) \
-                and not args[1].endswith((".py", ".pyc")) and not _native_allowed(args[1], root):
-            # an extension module (native code) the judge did not build or install
-            blocked.append(f"native module {args[1]!r}")
-            raise _Blocked(f"loading native code from {args[1]!r} is not allowed (only what the judge built)")
-        if event == "open":
-            path, mode = args[0], args[1] if len(args) > 1 else "r"
-            writing = isinstance(mode, str) and any(c in mode for c in "wax+")
-            if isinstance(mode, int):
-                writing = bool(mode & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-            if writing and not isinstance(path, int) and not inside(path):
-                blocked.append(f"open-for-write {path!r}")
-                raise _Blocked(f"writing {path!r} is not allowed (only the workspace is writable)")
-        elif event in path_events:
-            if not all(inside(a) for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))):
-                blocked.append(f"{event} {args[:1]!r}")
-                raise _Blocked(f"{event} outside the workspace is not allowed")
-        elif event == "object.__setattr__":
-            # Library code sets class attributes lazily (docstrings, cached properties); what is
-            # refused is a library class method replaced by code that is not the library's own.
-            target, value = args[0], args[2] if len(args) > 2 else None
-            module = getattr(target, "__module__", "") if isinstance(target, type) else ""
-            origin = getattr(value, "__module__", None) or ""
-            if (isinstance(module, str) and module.startswith(("torch", "cuda_agent", "builtins"))
-                    and callable(value) and not (isinstance(origin, str) and origin.startswith(("torch", "cuda_agent")))):
-                blocked.append(f"patching {getattr(target, '__name__', '?')}.{args[1]}")
-                raise _Blocked("patching library classes is not allowed")
-
-    sys.addaudithook(hook)
-
-
 _NOTHING = object()  # `_escapes` without outputs to check
-
-# Names every module gets from the import system; the candidate keeps its own.
-_MODULE_OWN = {"__name__", "__file__", "__spec__", "__loader__", "__package__", "__builtins__", "__cached__",
-               "__doc__", "__path__"}
-_FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "f_builtins", "f_code", "gi_frame", "cr_frame", "ag_frame",
-                "tb_frame", "tb_next", "gi_code", "cr_code"}
-
-
-def _guarded_getattr(blocked: list[str], policy: str = "strict"):
-    """getattr for candidate modules, whatever string built the name and however the function is
-    passed around (`g = getattr`, `map(getattr, ...)`): the source check only sees literal names
-    in direct calls. Refused: special names (`__globals__`, `__subclasses__`), frames, private
-    names of modules and classes (`torch._C`, a library's `_utils`), and modules the policy does
-    not let the candidate import (`torch.storage.np`: NumPy)."""
-    import types
-
-    from .policy import ALLOWED_PRIVATE, allowed_imports
-
-    allowed = allowed_imports(policy)
-    real = getattr
-
-    def refuse(name: str):
-        blocked.append(f"getattr(..., {name[:60]!r})")
-        raise _Blocked(f"getattr of {name[:60]!r} is not allowed in the judge's sandbox")
-
-    def getattr_(obj, name, *default):
-        if isinstance(name, str):
-            if (name.startswith("__") and name.endswith("__") and name not in ("__name__", "__init__")) \
-                    or name in _FRAME_ATTRS:
-                refuse(name)
-            if name.startswith("_") and name not in ALLOWED_PRIVATE and isinstance(obj, (types.ModuleType, type)):
-                refuse(name)
-        found = real(obj, name, *default)
-        if isinstance(found, types.ModuleType) and not _module_allowed(found.__name__, allowed):
-            refuse(name)
-        if isinstance(obj, type) and getattr(obj, "__module__", None) == "model_new" \
-                and isinstance(found, types.FunctionType):
-            refuse(name)  # a method taken from the candidate's class runs with any object as its self
-        return found
-
-    getattr_.__name__ = "getattr"
-    return getattr_
-
-
-def _module_allowed(name: str, allowed: set[str]) -> bool:
-    """A module the candidate may hold: one it may import, or a public part of torch."""
-    parts = name.split(".")
-    return name in allowed or (parts[0] == "torch" and not any(p.startswith("_") for p in parts))
-
-
-def _candidate_namespace(module, reference, blocked: list[str], policy: str = "strict") -> None:
-    """KernelBench executes a solution in the namespace where the reference module ran, so
-    published solutions use its globals (`batch_size`, helper functions) without defining them.
-    The candidate module starts with those names; whatever it defines itself replaces them, and
-    modules it could not import itself (a task's `import numpy as np` under the strict policy) are
-    left out, with what came from them."""
-    import types
-
-    from .policy import allowed_imports
-
-    allowed = allowed_imports(policy)
-    if reference is not None:
-        for name, value in vars(reference).items():
-            if name in _MODULE_OWN:
-                continue
-            origin = value.__name__ if isinstance(value, types.ModuleType) else \
-                getattr(value, "__module__", None) or type(value).__module__
-            root = origin.split(".")[0] if isinstance(origin, str) else ""
-            if isinstance(value, types.ModuleType) and not _module_allowed(value.__name__, allowed):
-                continue
-            if root not in ("torch", "builtins", "model", reference.__name__) and root not in allowed:
-                continue  # NumPy's functions and the like: compute that is not torch's
-            module.__dict__.setdefault(name, value)
-    module.__dict__["getattr"] = _guarded_getattr(blocked, policy)
 
 
 _WATCHED = ("time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.monotonic_ns", "time.time",
@@ -492,6 +202,20 @@ def _install_launches(path: str | None) -> None:
     _LAUNCHES, _LAUNCHES_PROBLEM = (module, token), None
 
 
+class _Run:
+    """What the steps of `main` share: the channel to the judge, the data plane, the judge's set-up
+    message, the harness's state set up from it, and the harness's own functions and constants,
+    bound before any candidate code runs (a module the candidate put in sys.modules afterwards is
+    never imported by the harness)."""
+
+    def __init__(self, torch, **bound):
+        self.torch = torch
+        self.__dict__.update(bound)
+
+    def reply_error(self, category, message: str) -> None:
+        self.chan.send({"ok": False, "category": category.value, "message": message, "blocked": self.blocked[:20]})
+
+
 def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE; lazy imports must not write
     import torch
@@ -503,8 +227,32 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     from .timing import (GATE_KERNEL, CacheFlusher, CallTimer, bandwidth_probe, flushes_after_inputs,
                          largest_floating, touch_pages)
 
+    r = _Run(torch, is_out_of_memory=is_out_of_memory, true_fp32=true_fp32, obs=obs, MAX_KERNELS=MAX_KERNELS,
+             Channel=Channel, DataPlane=DataPlane, ErrorCategory=ErrorCategory, receive_plane=receive_plane,
+             TransportError=TransportError, leaves=leaves, move_state=move_state, pack=pack, packed_end=packed_end,
+             unpack=unpack, GATE_KERNEL=GATE_KERNEL, CacheFlusher=CacheFlusher, CallTimer=CallTimer,
+             bandwidth_probe=bandwidth_probe, flushes_after_inputs=flushes_after_inputs,
+             largest_floating=largest_floating, touch_pages=touch_pages)
+    _connect(r, sock_fd, data_fd, size, in_size)
+    _stand_in_builds(r)
+    if not _set_up_harness(r):
+        return 1
+    if not _confine(r):
+        return 1
+    model_cls = _load_candidate(r)
+    if model_cls is None:
+        return 1
+    if not _construct(r, model_cls):
+        return 1
+    return _serve(r)
+
+
+def _connect(r: _Run, sock_fd: int, data_fd: int, size: int, in_size: int) -> None:
+    """The judge's channel and data plane (a spare first warms up and waits for the plane), and the
+    judge's (trusted) set-up message."""
+    torch = r.torch
     sock = socket.socket(fileno=sock_fd)
-    shared_error = None
+    r.shared_error = None
     if data_fd < 0:
         # Started ahead of need (a spare): torch is imported and the GPU context made while the
         # judge does other work; the data plane arrives with the task, as a passed descriptor.
@@ -518,19 +266,20 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             from .timing import prepare_gate
 
             prepare_gate()  # the timing gate's kernel compiled while the spare waits
-        data_fd, size, in_size = receive_plane(sock)
-    chan = Channel(sock)
-    plane = DataPlane(fd=data_fd, size=size, in_size=in_size)
-    plane.map()
-    init: InitRequest = chan.recv()  # the judge's (trusted) set-up message
-    device = init["device"]
-    workdir = os.getcwd()
-    blocked: list[str] = []
+        data_fd, size, in_size = r.receive_plane(sock)
+    r.size = size
+    r.chan = r.Channel(sock)
+    r.plane = r.DataPlane(fd=data_fd, size=size, in_size=in_size)
+    r.plane.map()
+    r.init: InitRequest = r.chan.recv()  # the judge's (trusted) set-up message
+    r.device = r.init["device"]
+    r.workdir = os.getcwd()
+    r.blocked: list[str] = []
 
-    def reply_error(category: ErrorCategory, message: str) -> None:
-        chan.send({"ok": False, "category": category.value, "message": message, "blocked": blocked[:20]})
 
-    # -- builds requested by load_inline go to the judge, which compiles in its own sandbox -------
+def _stand_in_builds(r: _Run) -> None:
+    """Builds requested by load_inline go to the judge, which compiles in its own sandbox."""
+    chan = r.chan
     import torch.utils.cpp_extension as cpp_extension
 
     def rpc_load_inline(*args, **kwargs):
@@ -548,6 +297,11 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
     cpp_extension.load_inline = rpc_load_inline
     cpp_extension.load = refuse_load
 
+
+def _set_up_harness(r: _Run) -> bool:
+    """The harness's side, before any code of the task or the candidate: the GPU, the calls' region,
+    the observers, the timer, the reference. False (the judge told) where it failed."""
+    torch, obs, init, device, plane, blocked = r.torch, r.obs, r.init, r.device, r.plane, r.blocked
     try:
         calls = plane.view  # where per-call inputs and outputs travel
         shared = None
@@ -561,10 +315,10 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                 try:
                     from .cudaipc import SharedGpuBuffer
 
-                    shared = SharedGpuBuffer.open(str(init["gpu_plane"]), size)
+                    shared = SharedGpuBuffer.open(str(init["gpu_plane"]), r.size)
                     calls = shared.tensor
                 except Exception as exc:  # the judge falls back to the host region
-                    shared_error = f"{type(exc).__name__}: {exc}"
+                    r.shared_error = f"{type(exc).__name__}: {exc}"
             if shared is not None and init.get("stage_inputs"):
                 # The calls' inputs staged in this process's own memory (JudgeConfig.stage_inputs):
                 # a kernel streams memory mapped from another process (CUDA IPC) ~20% slower than its
@@ -576,49 +330,54 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                     staging_error = f"{type(exc).__name__}: {exc}"[:300]
             if shared is None:
                 plane.pin()
+        r.calls, r.shared, r.staging, r.staging_error = calls, shared, staging, staging_error
         # The operator observer and the sealing of what would compute below it, before any code of
         # the task or the candidate is loaded (see observer.py). Trusted runs get them too: every
         # process pays the same cost per call, which the judge's null baseline then includes.
-        observer = _load_module(obs.MODULE, str(init["observer"]))
+        observer = r.observer = _load_module(obs.MODULE, str(init["observer"]))
         _JUDGE_LIBRARIES.discard(os.path.realpath(str(init["observer"])))  # not for the candidate to load
-        token = obs.new_token()
-        observer.install(token)
+        r.token = obs.new_token()
+        observer.install(r.token)
         if device == "cuda":
             # every kernel launch observed too (launches.py), where CUPTI can be had
             _install_launches(init.get("launches"))
         # not for trusted runs: torch.library's own custom ops redispatch
-        sealed = {} if init.get("trusted") else obs.seal(torch, blocked.append)
+        sealed = r.sealed = {} if init.get("trusted") else obs.seal(torch, blocked.append)
         if not init.get("trusted") and init.get("policy", "strict") == "strict":
             sealed.update(obs.bridge_numpy(torch, lambda: observer.mark(obs.NUMPY_MARK)))
-        flusher = CacheFlusher(device, init.get("flush", True))
+        flusher = r.flusher = r.CacheFlusher(device, init.get("flush", True))
         # "on", "auto" (calls whose inputs exceed the L2's size) or "off" (JudgeConfig.flush_after_inputs)
-        flush_inputs = str(init.get("flush_inputs") or "off") if device == "cuda" and flusher.buf is not None \
+        r.flush_inputs = str(init.get("flush_inputs") or "off") if device == "cuda" and flusher.buf is not None \
             else "off"
-        touch = bool(init.get("touch_pages")) and device == "cuda"
+        r.touch = bool(init.get("touch_pages")) and device == "cuda"
         # The gate's release word lives in the data plane's control page, which the judge writes:
         # with the GPU region, the judge reveals a call's inputs and opens its gate itself.
-        timer = CallTimer(device, control_address=plane.control_address() if shared is not None else None)
+        r.timer = r.CallTimer(device, control_address=plane.control_address() if shared is not None else None)
         if init.get("reference_path"):
             sys.modules["model"] = _load_module("model", init["reference_path"])
         # the same numerics as the judge's references: no TF32 (trusted baselines time fp32 work)
-        true_fp32(torch)
-        flags_before = _numeric_flags(torch)
-        watched = _watch(torch)
+        r.true_fp32(torch)
+        r.flags_before = _numeric_flags(torch)
+        r.watched = _watch(torch)
     except BaseException as exc:  # the harness itself failed before any candidate code ran
-        reply_error(ErrorCategory.JUDGE, f"worker setup failed: {_trim_traceback(exc)}")
-        return 1
+        r.reply_error(r.ErrorCategory.JUDGE, f"worker setup failed: {_trim_traceback(exc)}")
+        return False
+    return True
 
-    audit_hook = False
-    confined = None
+
+def _confine(r: _Run) -> bool:
+    """Every restriction in place before any candidate code loads (the workspace library's static
+    initialisers included); a process that cannot install one runs none of it (False)."""
+    init, workdir, blocked = r.init, r.workdir, r.blocked
+    r.audit_hook = False
+    r.confined = None
     if not init.get("trusted"):
-        # Every restriction is in place before any candidate code loads (the workspace library's
-        # static initialisers included); a process that cannot install one runs none of it.
         from .sandbox import install_seccomp, landlock_confined, missing_in_self
 
-        confined = landlock_confined(workdir)  # the judge decides whether it had to be (isolation_gaps)
+        r.confined = landlock_confined(workdir)  # the judge decides whether it had to be (isolation_gaps)
         missing = [] if install_seccomp() else ["seccomp filter (refused by the kernel or not x86-64)"]
         _install_audit_hook(workdir, blocked)
-        audit_hook = True
+        r.audit_hook = True
         # No cyclic collection from here on: it would run finalisers and weak-reference callbacks of
         # the candidate's garbage at whatever allocation triggers it, the harness's own included,
         # outside any call. Reference counting still frees everything that is not in a cycle.
@@ -630,18 +389,26 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # The judge checks the same from its side (before start, and the kernel's record after
             # loading) and fails the verdict as its own; this refusal only keeps candidate code
             # from running meanwhile.
-            reply_error(ErrorCategory.JUDGE, "isolation incomplete, no candidate code was run: " + "; ".join(missing))
-            return 1
+            r.reply_error(r.ErrorCategory.JUDGE,
+                          "isolation incomplete, no candidate code was run: " + "; ".join(missing))
+            return False
+    return True
+
+
+def _load_candidate(r: _Run):
+    """The workspace library, then the candidate's module; its class ModelNew, or None (the judge told)."""
+    init, blocked, ErrorCategory = r.init, r.blocked, r.ErrorCategory
     try:
         if init.get("library"):
             sys.modules["cuda_extension"] = _load_module("cuda_extension", init["library"])
     except BaseException as exc:
-        reply_error(ErrorCategory.LOAD, f"loading the workspace library failed:\n{_trim_traceback(exc)}")
-        return 1
+        r.reply_error(ErrorCategory.LOAD, f"loading the workspace library failed:\n{_trim_traceback(exc)}")
+        return None
     try:
         path = init["candidate_path"]
         spec = importlib.util.spec_from_file_location("model_new", path)
-        module = importlib.util.module_from_spec(spec)
+        # kept for the process's life (as every object candidate code made): none dies between steps
+        module = r.module = importlib.util.module_from_spec(spec)
         if not init.get("trusted"):
             _candidate_namespace(module, sys.modules.get("model"), blocked, init.get("policy", "strict"))
         sys.modules["model_new"] = module
@@ -654,16 +421,24 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         _EXPECTED_SOURCE.clear()
         exec(code, module.__dict__)
     except BaseException as exc:
-        reply_error(ErrorCategory.LOAD, f"importing the candidate failed:\n{_trim_traceback(exc)}")
-        return 1
+        r.reply_error(ErrorCategory.LOAD, f"importing the candidate failed:\n{_trim_traceback(exc)}")
+        return None
     model_cls = module.__dict__.get("ModelNew")
     if not isinstance(model_cls, type):
-        reply_error(ErrorCategory.LOAD, "the candidate defines no class ModelNew")
-        return 1
+        r.reply_error(ErrorCategory.LOAD, "the candidate defines no class ModelNew")
+        return None
+    return model_cls
+
+
+def _construct(r: _Run, model_cls) -> bool:
+    """ModelNew constructed and given Model's parameters, and the judge told what matched (or, False,
+    why it failed)."""
+    torch, obs, init, device, plane, blocked = r.torch, r.obs, r.init, r.device, r.plane, r.blocked
+    observer, token, unpack = r.observer, r.token, r.unpack
     try:
         init_args = unpack(init["init_args"], plane.view, 0, plane.in_size)
         state = unpack(init["state"], plane.view, 0, plane.in_size)
-        state = dict(zip(init["state_names"], state))
+        state = r.state = dict(zip(init["state_names"], state))
         torch.manual_seed(init["init_seed"])
         observer.take(token)  # what the judge's own unpacking ran
         model = model_cls(*init_args)
@@ -680,7 +455,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             raise RuntimeError(blocked[-1])
         if not isinstance(model, torch.nn.Module):
             raise TypeError("ModelNew is not a torch.nn.Module")
-        own = model.state_dict()
+        own = r.own = model.state_dict()
         matched, unmatched = [], []
         with torch.no_grad():
             for key, value in own.items():
@@ -690,32 +465,39 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                     matched.append(key)
                 else:
                     unmatched.append(key)
-        model = model.to(device)
+        model = r.model = model.to(device)
         # the copied tensors as they are now (on the device), for the precision probe to move: kept
         # here, so that no candidate code (a state_dict of its own) runs between calls
-        live = {key: value for key, value in model.state_dict().items() if key in matched}
+        r.live = {key: value for key, value in model.state_dict().items() if key in matched}
         # each module's training flag as constructed: a stochastic task's training-mode calls put
         # these back after its eval-mode ones (the "mode" request)
-        modes = [(vars_, vars_.get("training", True))
-                 for vars_ in (object.__getattribute__(m, "__dict__") for m in _module_tree(model))]
+        r.modes = [(vars_, vars_.get("training", True))
+                   for vars_ in (object.__getattribute__(m, "__dict__") for m in _module_tree(model))]
         if device == "cuda":
             torch.cuda.synchronize()
     except BaseException as exc:
-        reply_error(ErrorCategory.INIT, f"constructing ModelNew failed:\n{_trim_traceback(exc)}")
-        return 1
-    chan.send({"ok": True, "matched": matched, "unmatched": unmatched[:50], "blocked": blocked[:20],
-               "gpu_plane": shared is not None, "gpu_plane_error": shared_error, "audit_hook": audit_hook,
-               "staged_inputs": staging is not None, "staging_error": staging_error,
-               "landlock": confined, "launch_observer": _LAUNCHES_PROBLEM if device == "cuda" else None,
-               "timing_gate": timer.gate_problem, "judge_release": timer.can_hold()})
+        r.reply_error(r.ErrorCategory.INIT, f"constructing ModelNew failed:\n{_trim_traceback(exc)}")
+        return False
+    r.chan.send({"ok": True, "matched": matched, "unmatched": unmatched[:50], "blocked": blocked[:20],
+                 "gpu_plane": r.shared is not None, "gpu_plane_error": r.shared_error, "audit_hook": r.audit_hook,
+                 "staged_inputs": r.staging is not None, "staging_error": r.staging_error,
+                 "landlock": r.confined, "launch_observer": _LAUNCHES_PROBLEM if device == "cuda" else None,
+                 "timing_gate": r.timer.gate_problem, "judge_release": r.timer.can_hold()})
+    return True
 
+
+def _serve(r: _Run) -> int:
+    """The judge's requests, until it says `exit`: the calls (`_call`) and what it asks between them."""
+    torch, init, device, blocked, chan = r.torch, r.init, r.device, r.blocked, r.chan
+    ErrorCategory, TransportError, packed_end = r.ErrorCategory, r.TransportError, r.packed_end
+    staging, calls, flusher, shared = r.staging, r.calls, r.flusher, r.shared
     poison_bytes = int(init.get("poison_bytes", 0))
-    inputs: list = []
+    r.inputs = []
     # The last call's inputs, kept until the next call's clock and observer run: whatever dies with
     # them (a weak reference's callback, a finaliser) then runs inside that call, not before it,
     # when the next inputs are already in place.
-    held: list = []
-    poisoned = None  # with `touch`: the poisoned block, held until its pages are touched
+    r.held = []
+    r.poisoned = None  # with `touch`: the poisoned block, held until its pages are touched
     while True:
         msg = chan.recv()
         op = msg.get("op")
@@ -724,16 +506,16 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         escaped = _escapes(torch)
         if escaped:  # before any of the harness's own torch calls of this request
             blocked.extend(escaped)
-            reply_error(ErrorCategory.RUNTIME, escaped[0])
+            r.reply_error(ErrorCategory.RUNTIME, escaped[0])
             return 1
         if op == "prepare":
             # Untimed: cold caches, and allocator blocks full of NaN bytes so unwritten outputs show.
             # The inputs are not known yet, so no work can be done ahead of the timed request.
             if poison_bytes:  # freed at once (or after its pages are touched): the block returns to the
                 # allocator's cache, where the call's outputs are allocated
-                poisoned = torch.full((poison_bytes,), 0xFF, dtype=torch.uint8, device=device)
-                if not touch:
-                    poisoned = None
+                r.poisoned = torch.full((poison_bytes,), 0xFF, dtype=torch.uint8, device=device)
+                if not r.touch:
+                    r.poisoned = None
             flusher.flush()
             chan.send({"ok": True})
             continue
@@ -751,7 +533,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
                     torch.cuda.synchronize()
                 chan.send({"ok": True, "op": "staged"})
             except BaseException as exc:
-                reply_error(ErrorCategory.RUNTIME, f"staging the inputs failed: {_trim_traceback(exc)}")
+                r.reply_error(ErrorCategory.RUNTIME, f"staging the inputs failed: {_trim_traceback(exc)}")
                 return 1
             continue
         if op in ("perturb", "restore"):
@@ -761,12 +543,12 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             try:
                 seed = int(msg["seed"]) if op == "perturb" else None
                 # in Model's order, as the judge moves the reference: the same signs
-                move_state(live, state, list(init["state_names"]), seed, float(msg.get("delta") or 0.0))
+                r.move_state(r.live, r.state, list(init["state_names"]), seed, float(msg.get("delta") or 0.0))
                 if device == "cuda":
                     torch.cuda.synchronize()
                 chan.send({"ok": True})
             except BaseException as exc:
-                reply_error(ErrorCategory.RUNTIME, f"moving the parameters failed: {_trim_traceback(exc)}")
+                r.reply_error(ErrorCategory.RUNTIME, f"moving the parameters failed: {_trim_traceback(exc)}")
                 return 1
             continue
         if op == "mode":
@@ -776,30 +558,30 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
             # train()/eval() or __setattr__ of its own): this is between calls.
             try:
                 training = bool(msg["training"])
-                for vars_, flag in modes:
+                for vars_, flag in r.modes:
                     vars_["training"] = flag if training else False
                 chan.send({"ok": True})
             except BaseException as exc:
-                reply_error(ErrorCategory.RUNTIME, f"setting the mode failed: {_trim_traceback(exc)}")
+                r.reply_error(ErrorCategory.RUNTIME, f"setting the mode failed: {_trim_traceback(exc)}")
                 return 1
             continue
         if op == "echo":
             # after the call's clock stopped: the inputs as forward left them, for the judge to compare
             try:
-                chan.send({"ok": True, "echo": pack(inputs, calls, 0, plane.in_size)})
+                chan.send({"ok": True, "echo": r.pack(r.inputs, calls, 0, r.plane.in_size)})
             except BaseException as exc:
-                reply_error(ErrorCategory.RUNTIME, f"reading back the inputs failed: {_trim_traceback(exc)}")
+                r.reply_error(ErrorCategory.RUNTIME, f"reading back the inputs failed: {_trim_traceback(exc)}")
                 return 1
             continue
         if op == "bandwidth" and device == "cuda":
             # a diagnostic the judge asks for after the calls (timing.bandwidth_probe)
             try:
-                big = largest_floating(leaves(inputs))
+                big = r.largest_floating(r.leaves(r.inputs))
                 ms = {}
                 if big is not None and flusher.buf is not None and shared is not None:
                     # the region itself (the inputs may be this process's staged copy)
                     n = big.numel() * big.element_size() // 4 * 4
-                    ms = bandwidth_probe(calls[:n].view(torch.float32), flusher)
+                    ms = r.bandwidth_probe(calls[:n].view(torch.float32), flusher)
                 chan.send({"ok": True, "op": "bandwidth", "ms": ms})
             except BaseException as exc:
                 chan.send({"ok": False, "op": "bandwidth", "message": _trim_traceback(exc)[:500]})
@@ -807,136 +589,157 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         if op != "call":
             continue
         try:
-            # Views of the judge's memory (the GPU region, or on the CPU the host plane), so any
-            # write to them shows there; only CUDA over the host plane needs the echo. Staged
-            # (stage_inputs), views of this process's copy, written back after the clock.
-            held.append(inputs)
-            release = msg.get("release") if device == "cuda" else None
-            release = int(release) if isinstance(release, int) and not isinstance(release, bool) else None
-            staged = staging is not None and release is None and msg.get("staged") is True
-            inputs = unpack(msg["inputs"], staging if staged else calls, 0,
-                            staging.numel() if staged else plane.in_size, device, share=device == "cpu")
-            staged_bytes = packed_end(msg["inputs"]) if staged else 0
-            if release is None and flushes_after_inputs(flush_inputs, leaves(inputs), flusher.l2_bytes):
-                # `prepare` flushed before the inputs were written: their last lines sit dirty in the
-                # L2. Flushed again (before the observer's take, so its ops are not the candidate's).
-                flusher.flush()
-            if touch and release is None:
-                # The pages the call will stream (its inputs, and the block its outputs will take),
-                # after the judge's own work between calls; still before the observer's take.
-                touch_pages(leaves(inputs) + ([poisoned] if poisoned is not None else []))
-            poisoned = None
-            # Every call is observed the same way: the operators it ran (observer.cpp) and, on
-            # CUDA, the kernels it launched (launches.cpp); the checked calls also take CUDA's
-            # activity records (the kernels that ran, and their device time). Without the launch
-            # observer, PyTorch's profiler lists the checked calls' kernels.
-            prof = None
-            launches, ltoken = _LAUNCHES if _LAUNCHES is not None else (None, None)
-            recording = device == "cuda" and bool(msg.get("kernels", True))
-            if launches is not None:
-                # What this thread launched since the last call (the judge's own unpacking, flushing
-                # and touching) was left out; what other threads launched meanwhile (a team the
-                # candidate left running) is kept and counts as this call's.
-                launches.begin(ltoken)
-                if recording:
-                    launches.activity_start(ltoken)
-            elif recording:
-                from torch.profiler import ProfilerActivity, profile
-
-                prof = profile(activities=[ProfilerActivity.CUDA])
-                prof.__enter__()
-            observer.take(token)  # what the judge's own unpacking ran
-            # `release`: the judge writes this call's inputs and opens its gate only once forward
-            # has enqueued its work ("enqueued"), so its own clock of the call starts there and
-            # excludes the host's enqueueing, as the gated time does. Without a gate to hold the
-            # work, the process waits for the release before it runs forward at all.
-            told = False
-            if release is not None and not timer.can_hold():
-                chan.send({"ok": True, "op": "enqueued", "early": False})
-                timer.wait_release(release)
-                told = True
-            with torch.no_grad():
-                timer.start(release if not told else None)
-                gated = timer.gate is not None  # the gate kernel launched: the launch observer must have seen it
-                if release is not None and not told and not timer.can_hold():
-                    # the gate failed to launch: the inputs come with the release, so wait for it
-                    chan.send({"ok": True, "op": "enqueued", "early": False})
-                    timer.wait_release(release)
-                    told = True
-                    timer.start()
-                held.clear()  # the last call's inputs and outputs die here, inside this call
-                out = outs = None
-                out = model(*inputs)
-                if release is not None and not told:
-                    chan.send({"ok": True, "op": "enqueued", "early": timer.enqueued()})
-                inside_ms = timer.stop()
-            escaped = _escapes(torch, out, leaves(inputs))
-            if escaped:  # nothing more of the harness runs: no profiler, no packing
-                blocked.extend(escaped)
-                reply_error(ErrorCategory.RUNTIME, escaped[0])
-                return 1
-            observer.sentinel()
-            ops = observer.take(token)
-            # before the outputs are copied out: those kernels are the judge's
-            if prof is not None:
-                prof.__exit__(None, None, None)
-            launched = owners = None
-            unobserved = [] if observer.SENTINEL in ops else ["the operator observer (its sentinel went unrecorded)"]
-            if launches is not None:
-                if recording:
-                    launches.activity_stop(ltoken)
-                owned = launches.take_owned(ltoken, True)  # and the judge's own work again, until the next begin
-                launched = [name for name, _ in owned]
-                owners = {name: chains[:8] for name, chains in owned[:MAX_KERNELS + 1] if name != GATE_KERNEL}
-                unobserved += [f"the launch observer ({name} no longer traced)" for name in launches.disabled(ltoken)[:3]]
-                if gated and GATE_KERNEL not in launched:
-                    unobserved.append("the launch observer (the gate's launch went unrecorded)")
-                launched = [k for k in launched if k != GATE_KERNEL]
-            ops = [o for o in ops if o != observer.SENTINEL]
-            structure = "tensor" if isinstance(out, torch.Tensor) else type(out).__name__
-            outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else [out]
-            meta = pack(outs, calls, plane.out_offset, plane.out_size)
-            if shared is not None:
-                torch.cuda.synchronize()  # the outputs are in the judge's memory before it hears of them
-            flags_after = _numeric_flags(torch)
-            changed = sorted(k for k in flags_before if flags_before[k] != flags_after[k])
-            tampered = sorted(k for k, fn in watched.items() if _resolve(k, torch) is not fn)
-            tampered += obs.changed(sealed) + unobserved
-            chan.send({"ok": True, "inside_ms": inside_ms, "stream_ms": timer.last_stream_ms, "timing": timer.method,
-                       "lag_ms": timer.last_lag_ms, "run_delay_ms": timer.last_run_delay_ms,
-                       "structure": structure, "outputs": meta,
-                       "tampered": tampered, "ops": ops[:4096], "flags_changed": changed,
-                       "launched": launched[:MAX_KERNELS + 1] if launched is not None else None,
-                       "owners": owners,
-                       "blocked": blocked[:20]})
-            if staged:
-                # after the clock: the inputs as forward left them, back where the judge reads them
-                if staged_bytes:
-                    calls[:staged_bytes].copy_(staging[:staged_bytes])
-                    torch.cuda.synchronize()
-                chan.send({"ok": True, "op": "inputs_back"})
-            if launches is not None and recording:
-                # read after the reply, once the judge's clock of the call has stopped
-                kernels, kernel_ms = launches.activity_take(ltoken)  # the gate left out (its `skip`)
-                chan.send({"ok": True, "op": "kernels", "kernels": kernels[:MAX_KERNELS + 1],
-                           "kernel_ms": kernel_ms if kernel_ms >= 0 else None})
-            elif prof is not None:
-                # Listing the profiler's events takes time that grows with the kernels launched: it
-                # is sent after the reply, once the judge's clock of the call has stopped.
-                events = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-                kernels = sorted({e.name for e in events})
-                # The device time of the call's kernels and copies as CUDA's activity records give
-                # it (what Nsight Compute reads), the gate's spin left out: set beside the gated
-                # time it says whether a slow call was slow inside its kernels or between them.
-                try:
-                    kernel_ms = sum(e.time_range.elapsed_us() for e in events if e.name != GATE_KERNEL) / 1e3
-                except Exception:  # a profiler without time ranges: only the diagnostic is missing
-                    kernel_ms = None
-                chan.send({"ok": True, "op": "kernels", "kernels": kernels[:512], "kernel_ms": kernel_ms})
+            _call(r, msg)
         except BaseException as exc:
-            category = ErrorCategory.OOM if is_out_of_memory(exc) else ErrorCategory.RUNTIME
-            reply_error(category, f"forward failed:\n{_trim_traceback(exc)}")
+            category = ErrorCategory.OOM if r.is_out_of_memory(exc) else ErrorCategory.RUNTIME
+            r.reply_error(category, f"forward failed:\n{_trim_traceback(exc)}")
             return 1
+        if r.escaped:  # nothing more of the harness ran: no profiler, no packing
+            return 1
+
+
+def _call(r: _Run, msg: dict) -> None:
+    """One call of forward: its inputs unpacked, forward run on the clock and under the observers,
+    and the judge told what it returned, took and ran. Sets `r.escaped` (the judge told) where
+    candidate code would run on inside the harness's own work."""
+    torch, device, blocked, chan, plane, calls = r.torch, r.device, r.blocked, r.chan, r.plane, r.calls
+    staging, flusher, shared, timer, observer, token = r.staging, r.flusher, r.shared, r.timer, r.observer, r.token
+    obs, leaves, pack, packed_end, MAX_KERNELS, GATE_KERNEL = r.obs, r.leaves, r.pack, r.packed_end, r.MAX_KERNELS, \
+        r.GATE_KERNEL
+    r.escaped = False
+    # Views of the judge's memory (the GPU region, or on the CPU the host plane), so any
+    # write to them shows there; only CUDA over the host plane needs the echo. Staged
+    # (stage_inputs), views of this process's copy, written back after the clock.
+    r.held.append(r.inputs)
+    release = msg.get("release") if device == "cuda" else None
+    release = int(release) if isinstance(release, int) and not isinstance(release, bool) else None
+    staged = staging is not None and release is None and msg.get("staged") is True
+    inputs = r.inputs = r.unpack(msg["inputs"], staging if staged else calls, 0,
+                                 staging.numel() if staged else plane.in_size, device, share=device == "cpu")
+    staged_bytes = packed_end(msg["inputs"]) if staged else 0
+    if release is None and r.flushes_after_inputs(r.flush_inputs, leaves(inputs), flusher.l2_bytes):
+        # `prepare` flushed before the inputs were written: their last lines sit dirty in the
+        # L2. Flushed again (before the observer's take, so its ops are not the candidate's).
+        flusher.flush()
+    if r.touch and release is None:
+        # The pages the call will stream (its inputs, and the block its outputs will take),
+        # after the judge's own work between calls; still before the observer's take.
+        r.touch_pages(leaves(inputs) + ([r.poisoned] if r.poisoned is not None else []))
+    r.poisoned = None
+    # Every call is observed the same way: the operators it ran (observer.cpp) and, on
+    # CUDA, the kernels it launched (launches.cpp); the checked calls also take CUDA's
+    # activity records (the kernels that ran, and their device time). Without the launch
+    # observer, PyTorch's profiler lists the checked calls' kernels.
+    r.prof = prof = None  # the last call's profiler, kept until here
+    launches, ltoken = _LAUNCHES if _LAUNCHES is not None else (None, None)
+    recording = device == "cuda" and bool(msg.get("kernels", True))
+    if launches is not None:
+        # What this thread launched since the last call (the judge's own unpacking, flushing
+        # and touching) was left out; what other threads launched meanwhile (a team the
+        # candidate left running) is kept and counts as this call's.
+        launches.begin(ltoken)
+        if recording:
+            launches.activity_start(ltoken)
+    elif recording:
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = r.prof = profile(activities=[ProfilerActivity.CUDA])
+        prof.__enter__()
+    observer.take(token)  # what the judge's own unpacking ran
+    # `release`: the judge writes this call's inputs and opens its gate only once forward
+    # has enqueued its work ("enqueued"), so its own clock of the call starts there and
+    # excludes the host's enqueueing, as the gated time does. Without a gate to hold the
+    # work, the process waits for the release before it runs forward at all.
+    told = False
+    if release is not None and not timer.can_hold():
+        chan.send({"ok": True, "op": "enqueued", "early": False})
+        timer.wait_release(release)
+        told = True
+    with torch.no_grad():
+        timer.start(release if not told else None)
+        gated = timer.gate is not None  # the gate kernel launched: the launch observer must have seen it
+        if release is not None and not told and not timer.can_hold():
+            # the gate failed to launch: the inputs come with the release, so wait for it
+            chan.send({"ok": True, "op": "enqueued", "early": False})
+            timer.wait_release(release)
+            told = True
+            timer.start()
+        r.held.clear()  # the last call's inputs and outputs die here, inside this call
+        r.out = r.outs = None
+        out = r.model(*inputs)
+        if release is not None and not told:
+            chan.send({"ok": True, "op": "enqueued", "early": timer.enqueued()})
+        inside_ms = timer.stop()
+    escaped = _escapes(torch, out, leaves(inputs))
+    if escaped:  # nothing more of the harness runs: no profiler, no packing
+        blocked.extend(escaped)
+        r.reply_error(r.ErrorCategory.RUNTIME, escaped[0])
+        r.escaped = True
+        return
+    observer.sentinel()
+    ops = observer.take(token)
+    # before the outputs are copied out: those kernels are the judge's
+    if prof is not None:
+        prof.__exit__(None, None, None)
+    launched = owners = None
+    unobserved = [] if observer.SENTINEL in ops else ["the operator observer (its sentinel went unrecorded)"]
+    if launches is not None:
+        if recording:
+            launches.activity_stop(ltoken)
+        owned = launches.take_owned(ltoken, True)  # and the judge's own work again, until the next begin
+        launched = [name for name, _ in owned]
+        owners = {name: chains[:8] for name, chains in owned[:MAX_KERNELS + 1] if name != GATE_KERNEL}
+        unobserved += [f"the launch observer ({name} no longer traced)" for name in launches.disabled(ltoken)[:3]]
+        if gated and GATE_KERNEL not in launched:
+            unobserved.append("the launch observer (the gate's launch went unrecorded)")
+        launched = [k for k in launched if k != GATE_KERNEL]
+    ops = [o for o in ops if o != observer.SENTINEL]
+    structure = "tensor" if isinstance(out, torch.Tensor) else type(out).__name__
+    outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else [out]
+    r.out, r.outs = out, outs  # held until the next call's clock runs (as its inputs are)
+    meta = pack(outs, calls, plane.out_offset, plane.out_size)
+    if shared is not None:
+        torch.cuda.synchronize()  # the outputs are in the judge's memory before it hears of them
+    flags_after = _numeric_flags(torch)
+    changed = sorted(k for k in r.flags_before if r.flags_before[k] != flags_after[k])
+    tampered = sorted(k for k, fn in r.watched.items() if _resolve(k, torch) is not fn)
+    tampered += obs.changed(r.sealed) + unobserved
+    chan.send({"ok": True, "inside_ms": inside_ms, "stream_ms": timer.last_stream_ms, "timing": timer.method,
+               "lag_ms": timer.last_lag_ms, "run_delay_ms": timer.last_run_delay_ms,
+               "structure": structure, "outputs": meta,
+               "tampered": tampered, "ops": ops[:4096], "flags_changed": changed,
+               "launched": launched[:MAX_KERNELS + 1] if launched is not None else None,
+               "owners": owners,
+               "blocked": blocked[:20]})
+    if staged:
+        # after the clock: the inputs as forward left them, back where the judge reads them
+        if staged_bytes:
+            calls[:staged_bytes].copy_(staging[:staged_bytes])
+            torch.cuda.synchronize()
+        chan.send({"ok": True, "op": "inputs_back"})
+    _send_kernels(r, launches, ltoken, recording, prof)
+
+
+def _send_kernels(r: _Run, launches, ltoken, recording: bool, prof) -> None:
+    """The kernels the call ran, sent after its reply, once the judge's clock of the call has stopped."""
+    if launches is not None and recording:
+        # read after the reply, once the judge's clock of the call has stopped
+        kernels, kernel_ms = launches.activity_take(ltoken)  # the gate left out (its `skip`)
+        r.chan.send({"ok": True, "op": "kernels", "kernels": kernels[:r.MAX_KERNELS + 1],
+                     "kernel_ms": kernel_ms if kernel_ms >= 0 else None})
+    elif prof is not None:
+        # Listing the profiler's events takes time that grows with the kernels launched: it
+        # is sent after the reply, once the judge's clock of the call has stopped.
+        events = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+        kernels = sorted({e.name for e in events})
+        # The device time of the call's kernels and copies as CUDA's activity records give
+        # it (what Nsight Compute reads), the gate's spin left out: set beside the gated
+        # time it says whether a slow call was slow inside its kernels or between them.
+        try:
+            kernel_ms = sum(e.time_range.elapsed_us() for e in events if e.name != r.GATE_KERNEL) / 1e3
+        except Exception:  # a profiler without time ranges: only the diagnostic is missing
+            kernel_ms = None
+        r.chan.send({"ok": True, "op": "kernels", "kernels": kernels[:512], "kernel_ms": kernel_ms})
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ def _child(req: dict, fds: list[int], ctl_fd: int) -> int:
         from . import worker
 
         return worker.main(fds[0], fds[1], *[int(a) for a in req["args"]])
-    if req["target"] == "buildjob":
-        from . import buildjob
+    if req["target"] == "build.job":
+        from .build import job
 
-        return buildjob.main(*[str(a) for a in req["args"]])
+        return job.main(*[str(a) for a in req["args"]])
     return 2
 
 
@@ -54,7 +54,8 @@ def main(ctl_fd: int) -> int:
     import torch.utils._python_dispatch  # noqa: F401
     import torch.utils.cpp_extension  # noqa: F401
 
-    from . import buildjob, worker
+    from . import worker
+    from .build import job  # noqa: F401  (imported once, for every fork)
 
     worker.warm_dispatch(torch)  # every forked worker inherits it
 

@@ -142,7 +142,7 @@ class _CompileServer:
         return self.builders[arch]
 
     def handle(self, request: CompileRequest) -> PrebuildReport:
-        from cuda_agent.judge.buildplan import plan_build
+        from cuda_agent.judge.build import plan_build
 
         from .prebuild import build_plan_ahead
 

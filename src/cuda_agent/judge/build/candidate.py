@@ -1,6 +1,6 @@
 """What the judge builds for a candidate, and the checks around it: the owner of builds and policy.
 
-One path for every build of a candidate (see `buildplan.py`): the static plan (load errors and
+One path for every build of a candidate (see `plan.py`): the static plan (load errors and
 source policy), the sandboxed build step with its binary checks (`build_spec`), the content-addressed
 cache (`Builder`); for a workspace at the start of an evaluation, for a single file when its module
 calls `load_inline` in the worker (`serve`), and ahead of judging (`Judge.build`, compile workers).
@@ -17,14 +17,14 @@ from pathlib import Path
 
 from cuda_agent.candidate import Candidate
 
-from . import launches as ln
-from . import observer as obs
-from .build import Builder, BuildError, BuildSpec
-from .buildplan import BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request
-from .evaluation import Evaluation, JudgeError, Stop
-from .protocol import BuildAnswer, BuildRequest
-from .sandbox import Sandboxed
-from .verdict import Failure, FailureCategory as FC
+from .. import launches as ln
+from .. import observer as obs
+from ..evaluation import Evaluation, JudgeError, Stop
+from ..protocol import BuildAnswer, BuildRequest
+from ..sandbox import Sandboxed
+from ..verdict import Failure, FailureCategory as FC
+from .builder import Builder, BuildError, BuildSpec
+from .plan import BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request
 
 
 class CandidateBuilds:
@@ -37,7 +37,7 @@ class CandidateBuilds:
         self.launches_problem: str | None = None  # why there is no launch observer (CUDA)
 
     def plan(self, candidate: Candidate) -> BuildPlan:
-        """What the judge builds for `candidate` (see `cuda_agent.judge.buildplan`)."""
+        """What the judge builds for `candidate` (see `cuda_agent.judge.build.plan`)."""
         return plan_build(candidate, self.device, self.policy)
 
     def ahead(self, candidate: Candidate) -> BuildOutcome:

@@ -5,7 +5,7 @@ all, the static policy violations of its sources, and the `BuildSpec`s to compil
 build-folder name (slot). Everyone who builds "like the judge" asks this module:
 
 * the judge itself: `Judge.evaluate` plans, then builds each spec with `build_spec` (build, then
-  the library's imports checked); `CandidateBuilds.serve` (builds.py) turns a candidate's `load_inline` request
+  the library's imports checked); `CandidateBuilds.serve` (candidate.py) turns a candidate's `load_inline` request
   into a spec with `spec_from_request`; `Judge.build` is `build_planned` of its plan;
 * compile workers (`cuda_agent.pool.prebuild`), which carry out the same plan with
   `build_planned` into the content-addressed build cache ahead of the judge: the same spec is
@@ -17,9 +17,10 @@ Specs of a workspace come from its kernels. A single file's `load_inline` argume
 the judge only when the candidate's module runs; running untrusted code here is out of the
 question, so they are read from the source statically: calls whose arguments are literals, or
 module-level names bound to literals (strings, lists, tuples, dicts, `+` of those). The arguments
-are bound to the judge's own stand-in for `load_inline` (`cuda_agent.judge.worker.
-load_inline_request`) and go through the judge's request-to-spec step, so a statically read call
-yields exactly the spec the judge makes when the module makes that call. Anything not literal (an
+are bound to the judge's own stand-in for `load_inline` (`cuda_agent.judge.inline_request.
+load_inline_request`, which the candidate process calls too) and go through the judge's
+request-to-spec step, so a statically read call yields exactly the spec the judge makes when the
+module makes that call. Anything not literal (an
 f-string, a computed flag list, a loop) is listed in `skipped` and left to the judge, which builds
 it when asked. A wrong static guess costs one wasted build, never a wrong verdict: the judge still
 checks every binary it loads.
@@ -39,10 +40,10 @@ from pydantic import BaseModel, Field
 from cuda_agent import pysource
 from cuda_agent.candidate import Candidate
 
-from . import policy as pol
-from .build import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
-from .verdict import Failure, FailureCategory
-from .worker import load_inline_request
+from .. import policy as pol
+from ..inline_request import load_inline_request
+from ..verdict import Failure, FailureCategory
+from .builder import Builder, BuildError, BuildSpec, inline_spec, library_imports, workspace_spec
 
 
 class BuildPlan(BaseModel):

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from .sandbox import SandboxSpec, Sandboxed, pin_threads, python_argv
+from ..sandbox import SandboxSpec, Sandboxed, pin_threads, python_argv
 
 INFRA = files("cuda_agent") / "infra"
 
@@ -335,7 +335,8 @@ class Builder:
         self.jobs = jobs or (len(cpus) if cpus else os.cpu_count()) or 2
         self.fingerprint = toolchain_fingerprint(arch)
         self.zygote = zygote  # callable returning a Zygote (or None): saves the interpreter start
-        self.pch_root = work_root / "pch"
+        # Precompiled headers: the judge's cache, shown read-only to the sandboxed builds (`expose`)
+        self.pch_root = cache_dir / "pch"
         self._pch_failed: set[str] = set()
         self.light_cuda_headers = light_cuda_headers   # see LIGHT_EXTENSION_H
         self.landlock = landlock  # for the compiler processes, as for the candidate's (SandboxSpec.landlock)
@@ -468,7 +469,7 @@ class Builder:
         files = dict(spec.sources)
         header, binding = files[name], files.get("binding.cpp")
         inline = name == INLINE_PRELUDE
-        # The extension's name is left out of the header's compile line (buildjob.make_pch), and only
+        # The extension's name is left out of the header's compile line (job.make_pch), and only
         # the C++ flags reach main.cpp, so one inline prelude serves every name and CUDA flag set.
         parts = ([self.fingerprint, "inline", spec.cflags, spec.with_cuda, header] if inline else
                  [self.fingerprint, spec.name, spec.cflags, spec.cuda_cflags, spec.ldflags, spec.with_cuda, header,
@@ -589,9 +590,10 @@ class Builder:
         if self.arch:
             env["TORCH_CUDA_ARCH_LIST"] = self.arch
         proc = Sandboxed(SandboxSpec(
-            argv=python_argv("cuda_agent.judge.buildjob", str(bdir / "job.json")),
+            argv=python_argv("cuda_agent.judge.build.job", str(bdir / "job.json")),
             workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096,
-            target="buildjob", target_args=[str(bdir / "job.json")], landlock=self.landlock),
+            target="build.job", target_args=[str(bdir / "job.json")], landlock=self.landlock,
+            expose=(self.pch_root,)),
             self.zygote() if self.zygote else None)
         pin_threads(proc.pid, self.cpus)
         try:

@@ -1,0 +1,140 @@
+"""The kernel's books on processes: pids cgroups (a cap on the number of processes, and a way to
+kill all of them) and what /proc says of a process (uid, namespaces, session, threads)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from .common import is_root
+
+
+def _pids_cgroup(max_procs: int) -> str | None:
+    """A fresh pids cgroup (v2, else v1) capping the process count, when this process may make one."""
+    if not is_root():
+        return None
+    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified"):
+        if not os.path.exists(os.path.join(base, "pids.max" if base.endswith("pids") else "cgroup.controllers")) \
+                and not os.path.exists(os.path.join(base, "cgroup.procs")):
+            continue
+        path = os.path.join(base, f"cuda-agent-{os.getpid()}-{time.monotonic_ns()}")
+        try:
+            os.mkdir(path)
+            with open(os.path.join(path, "pids.max"), "w") as fh:
+                fh.write(str(max_procs))
+            return path
+        except OSError:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+    return None
+
+
+def _kill_cgroup(path: str) -> None:
+    """Kill every process of the cgroup now; remove the cgroup once they are gone. Removal waits
+    for the kernel to finish tearing the processes down (a GPU context takes a while), so it
+    happens in the background: the processes are already dead, nothing is left to wait for."""
+    if not _kill_cgroup_once(path):
+        threading.Thread(target=_reap_cgroup, args=(path,), daemon=True).start()
+
+
+def _kill_cgroup_once(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as fh:
+            pids = [int(x) for x in fh.read().split()]
+    except OSError:
+        pids = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
+
+
+def _reap_cgroup(path: str) -> None:
+    for _ in range(200):
+        time.sleep(0.05)
+        if _kill_cgroup_once(path) or not os.path.isdir(path):
+            return
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _mntns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def _proc_status(pid: str) -> dict[str, str]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                out[key] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _proc_status(name)
+            if st.get("Uid", "").split()[:1] == [str(uid)]:
+                pids.append(int(name))
+    return pids
+
+
+def _session_pids(sid: int, uid: int | None) -> list[int]:
+    if uid is not None:
+        return _pids_of_uid(uid)
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getsid(int(name)) == sid:
+                    pids.append(int(name))
+            except OSError:
+                pass
+    return pids
+
+
+def _count_user_procs() -> int:
+    uid = str(os.getuid())
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _proc_status(name).get("Uid", "").split()[:1] == [uid]:
+            n += 1
+    return n
+
+
+def pin_threads(pid: int, cpus: list[int] | None) -> None:
+    """Move every thread of a process onto `cpus` (affinity is per thread; new threads inherit it)."""
+    if not cpus:
+        return
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # the thread ended, or the process is gone: nothing to move
+            pass
