@@ -2,7 +2,7 @@
 light stand-in (`JudgeConfig.light_cuda_headers`, `build.LIGHT_EXTENSION_H`) saves.
 
 Each CUDA source is laid out as the judge lays out load_inline's `cuda.cu` (`build.inline_spec`;
-a solution's load_inline calls are read by the judge's own build plan, `cuda_agent.judge.build.plan_build`)
+a solution's load_inline calls are read by the judge's own build plan, `cuda_agent.judge.builds.plan_build`)
 and compiled to an object only (no link, no GPU needed: a machine with nvcc and torch's headers
 will do) with the nvcc line torch's extension builder writes for it, twice: as it is, and with the
 stand-in ahead of torch's header (the judge's first try). Reported per file: the seconds of each
@@ -60,7 +60,7 @@ def nvcc_line(folder: Path, arch: str) -> list[str]:
 
     import torch.utils.cpp_extension as ce
 
-    from cuda_agent.judge.build.job import ninja_vars
+    from cuda_agent.judge.builds.job import ninja_vars
 
     if ce.CUDA_HOME is None:   # a CPU build of torch: nvcc is still where CUDA_HOME or PATH says
         nvcc = subprocess.run(["which", "nvcc"], capture_output=True, text=True).stdout.strip()
@@ -101,7 +101,7 @@ def compile_once(folder: Path, line: list[str], light_dir: Path | None) -> dict:
 
 def cuda_file(text: str) -> str:
     """load_inline's cuda.cu for these CUDA sources, exactly as the judge writes it."""
-    from cuda_agent.judge.build import inline_spec
+    from cuda_agent.judge.builds import inline_spec
 
     spec = inline_spec(name="header_cost", cpp_sources=[], cuda_sources=[text], functions=None, cflags=[],
                        cuda_cflags=[], ldflags=[], with_cuda=True)
@@ -112,7 +112,7 @@ def judge_cuda_files(code: str) -> list[str]:
     """The cuda.cu of each load_inline call the judge would build for this solution, as the judge
     reads the calls (`plan_build`: literal arguments only, lenient policy) and lays the file out."""
     from cuda_agent.candidate import Candidate
-    from cuda_agent.judge.build import plan_build
+    from cuda_agent.judge.builds import plan_build
 
     plan = plan_build(Candidate.from_source(code), "cuda", "lenient")
     return [text for spec in plan.specs for rel, text in spec.sources if rel == "cuda.cu"]
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from cuda_agent.judge.build import LIGHT_DIR, LIGHT_EXTENSION_H
+    from cuda_agent.judge.builds import LIGHT_DIR, LIGHT_EXTENSION_H
 
     sources = file_sources(args.files) if args.files else []
     if args.corpus:

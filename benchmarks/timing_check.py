@@ -299,7 +299,7 @@ def main() -> int:
 
     from cuda_agent.candidate import Candidate
     from cuda_agent.judge import Judge, JudgeConfig
-    from cuda_agent.judge.build import workspace_spec
+    from cuda_agent.judge.builds import workspace_spec
     from cuda_agent.settings import SettingsError, apply_overrides
     from cuda_agent.tasks import load_task_file
     from cuda_agent.reward import reward_of

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cuda_agent.judge import policy
-from cuda_agent.judge.build import BuildError, check_flags, clean_flags, inline_spec
+from cuda_agent.judge.builds import BuildError, check_flags, clean_flags, inline_spec
 from cuda_agent.judge.config import JudgeConfig
 from cuda_agent.judge.tensorio import MAX_DEPTH, TransportError, pack, packed_end, unpack
 
@@ -64,7 +64,7 @@ def test_two_token_flags_need_a_safe_value_in_the_same_list():
 
 
 def test_builder_refuses_a_pair_split_across_compiler_and_linker_lines(tmp_path):
-    from cuda_agent.judge.build import Builder
+    from cuda_agent.judge.builds import Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
     spec = _spec(cflags=["-O3", "-Xcompiler"], ldflags=["-fopenmp"])

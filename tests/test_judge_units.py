@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cuda_agent.judge import policy
-from cuda_agent.judge.build import BuildError, check_flags, inline_spec, trim_compiler_output
+from cuda_agent.judge.builds import BuildError, check_flags, inline_spec, trim_compiler_output
 from cuda_agent.judge.compare import (APPROX_SLACK, PROBE_DELTA, compare_outputs, degenerate_warnings,
                                       rel_l2_bound, response_error)
 from cuda_agent.judge.config import JudgeConfig
@@ -603,7 +603,7 @@ def test_spare_workers_are_kept_under_distinct_uids_and_used(tmp_path):
 
 
 def test_busy_build_folder_sends_a_build_to_another_folder_of_its_slot(tmp_path):
-    from cuda_agent.judge.build import Builder
+    from cuda_agent.judge.builds import Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
     spec = inline_spec(name="same_name", cpp_sources=["int f() { return 1; }"], cuda_sources=[], functions=None,
@@ -624,7 +624,7 @@ def test_same_sources_built_at_once_compile_once(tmp_path, monkeypatch):
     import threading
     import time as _time
 
-    from cuda_agent.judge.build import Builder
+    from cuda_agent.judge.builds import Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
     runs = []
@@ -765,7 +765,7 @@ def test_light_cuda_headers_are_a_first_try_with_torchs_header_after_it(tmp_path
     tries and what each passes; the GPU tier builds real ones)."""
     from pathlib import Path
 
-    from cuda_agent.judge.build import LIGHT_DIR, LIGHT_EXTENSION_H, Builder
+    from cuda_agent.judge.builds import LIGHT_DIR, LIGHT_EXTENSION_H, Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None,
                       light_cuda_headers=True)
@@ -784,7 +784,7 @@ def test_light_cuda_headers_are_a_first_try_with_torchs_header_after_it(tmp_path
         Path(job["build_directory"], "light_twice.so").write_bytes(b"\x7fELF fake")
 
     monkeypatch.setattr(builder, "_run_job", fake_job)
-    monkeypatch.setattr("cuda_agent.judge.build.builder.object_imports", lambda out: {})
+    monkeypatch.setattr("cuda_agent.judge.builds.builder.object_imports", lambda out: {})
     if first_try == "times out":
         with pytest.raises(BuildError, match="exceeded"):
             builder.build(_light_spec())
@@ -804,7 +804,7 @@ def test_light_cuda_headers_leave_other_builds_alone(tmp_path, monkeypatch):
     """Off (the default), or a .cu that does not include torch/extension.h: one build, torch's flags."""
     from pathlib import Path
 
-    from cuda_agent.judge.build import LIGHT_DIR, Builder
+    from cuda_agent.judge.builds import LIGHT_DIR, Builder
 
     jobs: list[dict] = []
 
@@ -818,7 +818,7 @@ def test_light_cuda_headers_leave_other_builds_alone(tmp_path, monkeypatch):
                           light_cuda_headers=light_on)
         monkeypatch.setattr(builder, "_pch", lambda spec: None)
         monkeypatch.setattr(builder, "_run_job", fake_job)
-        monkeypatch.setattr("cuda_agent.judge.build.builder.object_imports", lambda out: {})
+        monkeypatch.setattr("cuda_agent.judge.builds.builder.object_imports", lambda out: {})
         result = builder.build(_light_spec(source, name))
         assert not result.light_headers
     assert len(jobs) == 2 and not any(LIGHT_DIR in f for job in jobs for f in job["cuda_cflags"])
@@ -832,7 +832,7 @@ def test_light_cuda_headers_build_real_kernels_and_fall_back_for_pybind11(tmp_pa
     import importlib.machinery
     import importlib.util
 
-    from cuda_agent.judge.build import Builder
+    from cuda_agent.judge.builds import Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=600, uid=None,
                       light_cuda_headers=True)
@@ -855,8 +855,8 @@ def test_inline_preludes_are_made_on_a_flag_sets_second_use_and_the_oldest_evict
     import os as _os
     from pathlib import Path
 
-    from cuda_agent.judge.build import builder as build_mod
-    from cuda_agent.judge.build import INLINE_PRELUDE, Builder
+    from cuda_agent.judge.builds import builder as build_mod
+    from cuda_agent.judge.builds import INLINE_PRELUDE, Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None)
     made = []

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import judge_cache_dir
 from cuda_agent.judge import launches as ln
-from cuda_agent.judge.build import Builder
+from cuda_agent.judge.builds import Builder
 from cuda_agent.judge.sandbox import work_root_dir
 
 SCRIPT = textwrap.dedent("""

@@ -154,7 +154,7 @@ def test_link_flags_naming_libraries_pytorch_already_loads_are_accepted():
     """Published solutions pass `extra_ldflags=["-lcudart"]` (2 of 38 correct KernelBench solutions
     were refused for it): a library the process already has adds no code, and what the binary
     calls in it is still judged per symbol."""
-    from cuda_agent.judge.build import check_flags
+    from cuda_agent.judge.builds import check_flags
 
     named = ["-lcudart", "-lcuda", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cuda", "-ltorch_cpu",
              "-ltorch_python", "-lm", "-lstdc++", "-lcublas", "-lcublasLt", "-lcudnn", "-lcurand", "-lcufft", "-lcusparse"]
@@ -162,7 +162,7 @@ def test_link_flags_naming_libraries_pytorch_already_loads_are_accepted():
 
 
 def test_nvcc_flags_published_solutions_use_are_accepted():
-    from cuda_agent.judge.build import check_flags
+    from cuda_agent.judge.builds import check_flags
 
     one_token = ["-Xptxas=-O3,-v", "--ptxas-options=-v,-O3", "-Xptxas=-dlcm=ca", "-arch=compute_90", "-code=sm_90",
                  "--gpu-architecture=sm_90a", "-gencode=arch=compute_90a,code=[sm_90a,compute_90a]",
@@ -179,7 +179,7 @@ def test_library_search_paths_only_to_the_folders_pytorch_loads_from(tmp_path):
     folder it could put a library of the candidate's choosing ahead of the real one."""
     import torch
 
-    from cuda_agent.judge.build import check_flags
+    from cuda_agent.judge.builds import check_flags
 
     torch_lib = Path(torch.__file__).parent / "lib"
     assert check_flags([f"-L{torch_lib}", "-L", str(torch_lib), "-lc10"]) == []
@@ -189,7 +189,7 @@ def test_library_search_paths_only_to_the_folders_pytorch_loads_from(tmp_path):
 
 
 def test_flags_that_change_what_is_linked_or_loaded_stay_refused():
-    from cuda_agent.judge.build import check_flags
+    from cuda_agent.judge.builds import check_flags
 
     for flag in ("-lcudart_static", "-lcublas_static", "-ldl", "-lnvrtc", "-lcusolver", "-lfoo", "-Xcompiler=-O3,-fplugin=x.so",
                  "-Xptxas=-O3,--foo", "-rdc=true", "-Wl,-rpath,/tmp", "-arch=sm_90,-Xlinker"):

@@ -1,5 +1,5 @@
 """Compile workers, the agent's compile tool and the judge build the same thing: one plan
-(`cuda_agent.judge.build.plan`), checked here against the judge's own code paths. The static reading
+(`cuda_agent.judge.builds.plan`), checked here against the judge's own code paths. The static reading
 of load_inline calls agrees with what `CandidateBuilds.serve` makes of the request the running module
 sends; the workspace spec `Judge.evaluate` builds is the plan's; and a candidate built ahead (by
 `Judge.build` or a compile worker) is a build-cache hit for the judge."""
@@ -17,7 +17,7 @@ from conftest import judge_cache_dir, read_header
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Judge, JudgeConfig, Verdict
 from cuda_agent.judge import harness
-from cuda_agent.judge.build import CandidateBuilds, plan_build, spec_from_request, workspace_slot, workspace_spec
+from cuda_agent.judge.builds import CandidateBuilds, plan_build, spec_from_request, workspace_slot, workspace_spec
 from cuda_agent.judge.evaluation import Evaluation
 from cuda_agent.judge.inline_request import load_inline_request
 from cuda_agent.pool import Pool, PoolConfig
@@ -298,7 +298,7 @@ def test_workspace_builds_link_one_shared_binding_object(tmp_path):
     build of the same flags links that object instead of compiling it again."""
     from pathlib import Path
 
-    from cuda_agent.judge.build import SHARED_BINDING, Builder
+    from cuda_agent.judge.builds import SHARED_BINDING, Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=600, uid=None)
     silu = Candidate.from_path(Path(__file__).parent / "fixtures" / "cpu" / "honest" / "silu_ws")
@@ -339,7 +339,7 @@ def test_inline_builds_of_one_flag_set_share_a_precompiled_prelude(tmp_path):
 
     import torch
 
-    from cuda_agent.judge.build import INLINE_PRELUDE, Builder, inline_spec
+    from cuda_agent.judge.builds import INLINE_PRELUDE, Builder, inline_spec
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=600, uid=None)
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import judge_cache_dir
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import JudgeConfig
-from cuda_agent.judge.build import BuildOutcome
+from cuda_agent.judge.builds import BuildOutcome
 from cuda_agent.rollout.evaluator import (Evaluator, EvaluatorCheckError, LocalEvaluator, MemoEvaluator,
                                           PoolEvaluator, check_evaluator)
 from cuda_agent.suite import suite_solutions, suite_tasks

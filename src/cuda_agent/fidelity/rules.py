@@ -207,8 +207,8 @@ def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
     import ast
 
     from cuda_agent.judge import policy as pol
-    from cuda_agent.judge.build import check_flags
-    from cuda_agent.judge.build import static_load_inline_calls
+    from cuda_agent.judge.builds import check_flags
+    from cuda_agent.judge.builds import static_load_inline_calls
     from cuda_agent.judge.worker import load_inline_request
 
     def strings(value) -> list[str]:

@@ -6,7 +6,7 @@
     calls.py       the calls of one run: fresh inputs, the reference's outputs, each call's checks
     clocks.py      the judge's clocks of a candidate process (/proc, the process CPU clock)
     supply.py      worker processes: spares started ahead of need, the zygote, uid rotation
-    build/         the build: plan, sandboxed builder, build job, the candidate's builds and their checks
+    builds/        the build: plan, sandboxed builder, build job, the candidate's builds and their checks
     reference.py   the task's reference in this process: construction, fresh inputs, float64
     baselines.py   eager / torch.compile / null baselines: keys, cache, store, trusted sources
     protocol.py    the channel and the typed messages between judge and worker (what the worker
@@ -50,7 +50,7 @@ from . import observer as obs
 from . import policy as pol
 from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, BaselineStore, FileBaselineStore,
                         baseline_source)
-from .build import BuildOutcome, Builder, BuildPlan, CandidateBuilds, build_arch
+from .builds import BuildOutcome, Builder, BuildPlan, CandidateBuilds, build_arch
 from .calls import CallLoop
 from .sol import task_speed_of_light
 from .config import JudgeConfig
@@ -236,7 +236,7 @@ class Judge:
         return verdict
 
     def build_plan(self, candidate: Candidate) -> BuildPlan:
-        """What this judge builds for `candidate` (see `cuda_agent.judge.build.plan`)."""
+        """What this judge builds for `candidate` (see `cuda_agent.judge.builds.plan`)."""
         return self.builds.plan(candidate)
 
     def build(self, candidate: Candidate) -> BuildOutcome:

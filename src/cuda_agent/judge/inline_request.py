@@ -17,7 +17,7 @@ def load_inline_request(name, cpp_sources, cuda_sources=None, functions=None, ex
                         with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False, **_) -> BuildRequest:
     """The build request the judge receives for a `load_inline` call (the stand-in's signature is
     load_inline's). Compile workers bind statically read arguments to it too
-    (cuda_agent.judge.build.plan), so both paths hand the judge the same request."""
+    (cuda_agent.judge.builds.plan), so both paths hand the judge the same request."""
     if extra_include_paths:
         raise RuntimeError("extra_include_paths is not supported by the judge")
     return {"op": "build", "name": name, "cpp_sources": cpp_sources, "cuda_sources": cuda_sources,

@@ -25,7 +25,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import NamedTuple
 
-from .build import BuildSpec
+from .builds import BuildSpec
 
 MODULE = "cuda_agent_launches"
 GRAPH_LAUNCH = "cuda_agent::graph_launch"   # launches.cpp's name for a graph launch

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from importlib.resources import files
 
-from .build import BuildSpec
+from .builds import BuildSpec
 
 MODULE = "cuda_agent_observer"
 FILE = "cuda_agent_observer.so"     # its name in a worker's folder

@@ -218,7 +218,7 @@ class Ready(Reply):
 class LoadInline:
     """Worker -> judge, while ModelNew is constructed: a `load_inline` call for the judge to build
     in its own sandbox. The request goes as sent to the build step, which reads it defensively
-    (build.plan.spec_from_request)."""
+    (builds.plan.spec_from_request)."""
 
     request: dict
 

@@ -42,8 +42,8 @@ def _child(req: dict, fds: list[int], ctl_fd: int) -> int:
         from . import worker
 
         return worker.main(fds[0], fds[1], *[int(a) for a in req["args"]])
-    if req["target"] == "build.job":
-        from .build import job
+    if req["target"] == "builds.job":
+        from .builds import job
 
         return job.main(*[str(a) for a in req["args"]])
     return 2
@@ -55,7 +55,7 @@ def main(ctl_fd: int) -> int:
     import torch.utils.cpp_extension  # noqa: F401
 
     from . import worker
-    from .build import job  # noqa: F401  (imported once, for every fork)
+    from .builds import job  # noqa: F401  (imported once, for every fork)
 
     worker.warm_dispatch(torch)  # every forked worker inherits it
 

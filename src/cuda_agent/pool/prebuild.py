@@ -1,7 +1,7 @@
 """What a compile worker can build for a candidate before a judge worker gets to it.
 
 The judge's build cache is content-addressed (`Builder`: the key covers sources, flags, arch and
-toolchain), so a library built here from the judge's own plan (`cuda_agent.judge.build.plan`) by
+toolchain), so a library built here from the judge's own plan (`cuda_agent.judge.builds.plan`) by
 the judge's own build step (`build_planned`) is a cache hit when the judge asks for it. What can
 and cannot be planned ahead (a single file's load_inline calls are read statically) is described
 there. Sources that break the policy are not built: the judge refuses them before any build.
@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from cuda_agent import host
 from cuda_agent.candidate import Candidate
-from cuda_agent.judge.build import Builder, BuildPlan, build_arch, build_planned, plan_build
+from cuda_agent.judge.builds import Builder, BuildPlan, build_arch, build_planned, plan_build
 
 
 def build_plan_ahead(builder: Builder, plan: BuildPlan) -> tuple[int, int, list[str]]:

@@ -133,7 +133,7 @@ class _CompileServer:
         return Hello(pid=os.getpid())
 
     def _builder(self, arch: str | None):
-        from cuda_agent.judge.build import Builder
+        from cuda_agent.judge.builds import Builder
 
         if arch not in self.builders:
             self.builders[arch] = Builder.for_config(self.config, self.work_root, arch=arch,
@@ -142,7 +142,7 @@ class _CompileServer:
         return self.builders[arch]
 
     def handle(self, request: CompileRequest) -> PrebuildReport:
-        from cuda_agent.judge.build import plan_build
+        from cuda_agent.judge.builds import plan_build
 
         from .prebuild import build_plan_ahead
 

@@ -25,7 +25,7 @@ from typing import ContextManager, Protocol, runtime_checkable
 
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Judge, JudgeConfig, Verdict
-from cuda_agent.judge.build import BuildOutcome
+from cuda_agent.judge.builds import BuildOutcome
 from cuda_agent.tasks import Task
 
 DEVICES = ("cuda", "cpu")

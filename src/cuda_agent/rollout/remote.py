@@ -24,7 +24,7 @@ import contextlib
 
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import FailureCategory, JudgeConfig, JudgeError, Verdict
-from cuda_agent.judge.build import BuildOutcome
+from cuda_agent.judge.builds import BuildOutcome
 from cuda_agent.tasks import Task
 
 _BUILD_CATEGORIES = (FailureCategory.LOAD, FailureCategory.POLICY, FailureCategory.COMPILE,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import JudgeConfig, Verdict
-from cuda_agent.judge.build import BuildOutcome
+from cuda_agent.judge.builds import BuildOutcome
 from cuda_agent.judge.verdict import Timing
 from cuda_agent.tasks import Task
 

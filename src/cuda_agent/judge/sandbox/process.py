@@ -70,7 +70,7 @@ class SandboxSpec:
     max_file_mb: int = 2048
     max_procs: int = 512
     isolate_network: bool = True
-    target: str | None = None            # "worker" or "build.job": what a zygote fork runs
+    target: str | None = None            # "worker" or "builds.job": what a zygote fork runs
     target_args: list = field(default_factory=list)
     hide: tuple[Path, ...] = ()          # judge folders to cover (besides the work root and default cache)
     landlock: str = "auto"             # "on", "off" or "auto": on where the judge is not root (see landlock_use)

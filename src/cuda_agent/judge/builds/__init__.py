@@ -5,8 +5,8 @@
 - plan.py: `plan_build`, what the judge builds for a candidate, decided in one place (and
   `build_spec`, a build with its library's imports checked);
 - candidate.py: `CandidateBuilds`, the owner of a judge's builds and the policy checks around them;
-- job.py: the sandboxed build job process (`python -m cuda_agent.judge.build.job`, or the zygote's
-  target "build.job"), which runs the compiler and never loads what it made.
+- job.py: the sandboxed build job process (`python -m cuda_agent.judge.builds.job`, or the zygote's
+  target "builds.job"), which runs the compiler and never loads what it made.
 """
 
 from .builder import (INLINE_PRELUDE, LIGHT_DIR, LIGHT_EXTENSION_H, SHARED_BINDING, BuildError, Builder, BuildSpec,

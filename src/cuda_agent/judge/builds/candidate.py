@@ -37,7 +37,7 @@ class CandidateBuilds:
         self.launches_problem: str | None = None  # why there is no launch observer (CUDA)
 
     def plan(self, candidate: Candidate) -> BuildPlan:
-        """What the judge builds for `candidate` (see `cuda_agent.judge.build.plan`)."""
+        """What the judge builds for `candidate` (see `cuda_agent.judge.builds.plan`)."""
         return plan_build(candidate, self.device, self.policy)
 
     def ahead(self, candidate: Candidate) -> BuildOutcome:

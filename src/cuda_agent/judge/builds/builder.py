@@ -590,9 +590,9 @@ class Builder:
         if self.arch:
             env["TORCH_CUDA_ARCH_LIST"] = self.arch
         proc = Sandboxed(SandboxSpec(
-            argv=python_argv("cuda_agent.judge.build.job", str(bdir / "job.json")),
+            argv=python_argv("cuda_agent.judge.builds.job", str(bdir / "job.json")),
             workdir=bdir, uid=self.uid, env=env, max_procs=4096, max_file_mb=4096,
-            target="build.job", target_args=[str(bdir / "job.json")], landlock=self.landlock,
+            target="builds.job", target_args=[str(bdir / "job.json")], landlock=self.landlock,
             expose=(self.pch_root,)),
             self.zygote() if self.zygote else None)
         pin_threads(proc.pid, self.cpus)
