@@ -209,7 +209,7 @@ def prescreen_record(code: str, policy: str) -> list[tuple[str, str]]:
     from cuda_agent.judge import policy as pol
     from cuda_agent.judge.builds import check_flags
     from cuda_agent.judge.builds import static_load_inline_calls
-    from cuda_agent.judge.worker import load_inline_request
+    from cuda_agent.judge.inline_request import load_inline_request
 
     def strings(value) -> list[str]:
         return [value] if isinstance(value, str) else [str(x) for x in value or []]

@@ -202,7 +202,7 @@ def check_candidate(*, task_source: str, model_new: str, libraries: list[Path], 
     process under `uid` (the candidate worker's, free again once that worker is gone); stops at the
     first tool that fails. `live`: the evaluation's processes, where each is listed while it runs."""
     from .sandbox import SandboxSpec, Sandboxed, new_workdir, python_argv
-    from . import memcheck_run
+    from .protocol import MEMCHECK_GO_FILE
 
     runs: list[SanitizerRun] = []
     limit_s = config.init_timeout_s + 20 * config.call_timeout_s  # 10-100x slower calls, one of them
@@ -225,7 +225,7 @@ def check_candidate(*, task_source: str, model_new: str, libraries: list[Path], 
             for path in [workdir / "model.py", workdir / "model_new.py", workdir / "libs",
                          *(workdir / "libs").iterdir()]:
                 os.chmod(path, 0o755 if path.is_dir() else 0o644)
-            (workdir / memcheck_run.GO_FILE).write_text("")
+            (workdir / MEMCHECK_GO_FILE).write_text("")
             return proc
 
         run, log = run_tool(tool, spawn, limit_s)

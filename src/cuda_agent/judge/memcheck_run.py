@@ -19,7 +19,8 @@ import os
 import sys
 import time
 
-GO_FILE = "go"
+from .protocol import MEMCHECK_GO_FILE as GO_FILE
+
 GO_WAIT_S = 120.0
 
 

@@ -18,6 +18,9 @@ from enum import Enum
 from typing import Literal, Required, TypedDict
 
 MAX_MESSAGE_BYTES = 8 << 20
+# The file the judge writes into the memcheck process's folder once the sanitizer is attached
+# (judge/memcheck.py writes it, judge/memcheck_run.py waits for it)
+MEMCHECK_GO_FILE = "go"
 _HEADER = struct.Struct("!I")
 
 
