@@ -1,6 +1,7 @@
 """Facts about the host and process-wide choices that several parts of the system share: the cores
 this process may use, the GPUs a child should see, the sandbox uids each kind of process runs
-under, the fp32 numerics of references, and what counts as running out of memory.
+under, the fp32 numerics of references, what counts as running out of memory, and how a child's
+exit is told.
 
 Kept light (no torch import at module level): the judge's and the synthesis workers' sandboxed
 processes import it too.
@@ -108,3 +109,18 @@ def is_out_of_memory(error: object) -> bool:
             return True
         return bool(_OOM_TEXT.search(str(getattr(error, "message", ""))))
     return isinstance(error, str) and bool(_OOM_TEXT.search(error))
+
+
+def exit_description(code: int | None) -> str:
+    """A child's exit in words, from its return code (subprocess) or exit code (multiprocessing):
+    negative is the signal that killed it, None is still running."""
+    import signal
+
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"

@@ -65,17 +65,25 @@ def corpus_root(path: Path) -> Path:
 _NAME = re.compile(r"^Level\s+(\d+):\s*(\d+)_(.*)$")
 
 
+def read_json(path: Path, kind: type, expected: str, label: str | None = None):
+    """The JSON document at `path`, which must be a `kind`; anything else is a usage error that
+    names the file (as `label`, default its path) and says what was `expected`."""
+    label = label or str(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{label}: unreadable: {exc}") from None
+    if not isinstance(data, kind):
+        raise UsageError(f"{label}: expected {expected}")
+    return data
+
+
 def names_by_file(root: Path) -> tuple[dict[str, tuple[int, int]], dict[tuple[int, int], str]]:
     """From data.json: record file -> (level, problem number), and (level, number) -> task name."""
     path = root / "data.json"
     if not path.is_file():
         return {}, {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: unreadable: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected an object mapping problem names to records")
+    data = read_json(path, dict, "an object mapping problem names to records")
     by_file, names = {}, {}
     for title, entries in data.items():
         m = _NAME.match(str(title))
@@ -104,12 +112,7 @@ def _slug(text: str) -> str:
 def load_corpus(path: Path) -> Corpus:
     root = corpus_root(path)
     raw_path = root / "raw_data.json"
-    try:
-        raw = json.loads(raw_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{raw_path}: unreadable: {exc}") from None
-    if not isinstance(raw, list):
-        raise UsageError(f"{raw_path}: expected a list of records")
+    raw = read_json(raw_path, list, "a list of records")
     by_file, names = names_by_file(root)
     corpus = Corpus(root=root, records=[])
     seen: Counter = Counter()

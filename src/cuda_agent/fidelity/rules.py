@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .corpus import CLASSES, Record, UsageError
+from .corpus import CLASSES, Record, UsageError, read_json
 
 
 @dataclass(frozen=True)
@@ -164,12 +163,7 @@ def classify(entry: dict, config: dict) -> tuple[str, str, str]:
 def load_explain(path: Path | None) -> dict[str, dict]:
     if path is None:
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--explain {path}: unreadable: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"--explain {path}: expected an object mapping record keys to {{class, reason}}")
+    data = read_json(path, dict, "an object mapping record keys to {class, reason}", label=f"--explain {path}")
     out = {}
     for key, value in data.items():
         if isinstance(value, str):

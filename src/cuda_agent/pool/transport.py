@@ -204,17 +204,7 @@ class _LocalHandle:
         return self.proc.is_alive()
 
     def exit_description(self) -> str:
-        code = self.proc.exitcode
-        if code is None:
-            return "still running"
-        if code < 0:
-            import signal
-
-            try:
-                return f"killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exited with status {code}"
+        return host.exit_description(self.proc.exitcode)
 
     def kill(self) -> None:
         if self.proc.is_alive():

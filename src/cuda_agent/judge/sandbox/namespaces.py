@@ -102,14 +102,19 @@ def private_view(workdir: Path, hide: tuple[Path, ...], drop_uid: bool, expose: 
     hidden = [h for h in sorted(hidden) if not any(h.startswith(o + "/") for o in hidden if o != h)]
     barriers: list[str] = []
     shown: list[str] = []
-    for p in runtime_paths():
-        # under a covered judge folder (a cache that holds the venv): bound back read-only
+
+    def show(p: str) -> None:
+        # under a covered judge folder (a cache that holds the venv), or past a folder the dropped
+        # uid cannot enter: bound back read-only
         under_hidden = any(p.startswith(h + "/") for h in hidden)
         b = _barrier(p) if drop_uid else None
         if under_hidden or b is not None:
             shown.append(p)
         if b is not None and not under_hidden and b not in barriers:
             barriers.append(b)
+
+    for p in runtime_paths():
+        show(p)
     if drop_uid:
         wb = _barrier(workdir_s)
         if wb is not None and not any(wb == h or wb.startswith(h + "/") for h in hidden) and wb not in barriers:
@@ -119,14 +124,8 @@ def private_view(workdir: Path, hide: tuple[Path, ...], drop_uid: bool, expose: 
     # judge's cache folder, which need not be the default one.
     for path in expose:
         real = os.path.realpath(path)
-        if not os.path.isdir(real) or real in shown:
-            continue
-        under_hidden = any(real.startswith(h + "/") for h in hidden)
-        b = _barrier(real) if drop_uid else None
-        if under_hidden or b is not None:
-            shown.append(real)
-        if b is not None and not under_hidden and b not in barriers:
-            barriers.append(b)
+        if os.path.isdir(real) and real not in shown:
+            show(real)
     barriers = [b for b in sorted(barriers) if not any(b.startswith(o + "/") for o in barriers if o != b)]
     # a barrier inside a hidden folder is covered by it; a hidden folder inside a barrier is gone already
     hidden = [h for h in hidden if not any(h.startswith(b + "/") for b in barriers)]

@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cuda_agent.host import exit_description
+
 from .cgroups import (_count_user_procs, _kill_cgroup, _mntns, _netns, _pids_cgroup, _pids_of_uid, _proc_status,
                       _session_pids)
 from .common import PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, SandboxError, _libc, is_root
@@ -215,15 +217,7 @@ class Sandboxed:
         return max(0.0, self._disk_free0 - _free_mb(self.spec.workdir))
 
     def exit_description(self) -> str:
-        code = self.proc.poll()
-        if code is None:
-            return "still running"
-        if code < 0:
-            try:
-                return f"killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exited with status {code}"
+        return exit_description(self.proc.poll())
 
     def log_tail(self, limit: int = 4000) -> str:
         try:
