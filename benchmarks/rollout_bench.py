@@ -27,6 +27,8 @@ def main() -> int:
     p.add_argument("--judge-s", type=float, default=0.0, help="seconds the stand-in judge takes per verdict")
     p.add_argument("--device", default=None)
     p.add_argument("--no-fast-decode", action="store_true", help="decode through transformers' modules")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="run FastDecoder's steps eagerly instead of replaying them from CUDA graphs")
     a = p.parse_args()
     t0 = time.monotonic()
     total = a.episodes * a.turns
@@ -40,7 +42,7 @@ def main() -> int:
 
     fig = run_rollout_bench(on_turn=on_turn, shape=a.shape, episodes=a.episodes, turns=a.turns, prompt_tokens=a.prompt,
                             reply_tokens=a.reply, judge_s=a.judge_s, device=a.device,
-                            fast_decode=not a.no_fast_decode, ignore_eos=True)
+                            fast_decode=not a.no_fast_decode, cuda_graphs=not a.no_cuda_graphs, ignore_eos=True)
     print(json.dumps(asdict(fig)))
     print(fig.table())
     return 0

@@ -306,6 +306,7 @@ def test_gpu_bf16_rollouts_match_the_trainer():
             t.start()
         for t in threads:
             t.join()
+        assert pol.stats.graph_captures >= 1   # the decode steps replayed from CUDA graphs
     gaps = []
     for history, gen in out.values():
         ids = torch.tensor([history + gen.token_ids], device="cuda")
@@ -339,6 +340,7 @@ def test_gpu_fp32_rollouts_match_the_trainer_exactly():
         for t in threads:
             t.join()
         assert pol.stats.reused_tokens > 0
+        assert pol.stats.graph_captures >= 1   # the decode steps replayed from CUDA graphs
     for history, gen in out.values():
         ids = torch.tensor([history + gen.token_ids], device="cuda")
         with torch.no_grad():
@@ -500,6 +502,36 @@ def test_fast_decoder_step_matches_the_models_own_forward():
         for b, (n, seq) in enumerate(zip(lengths, seqs)):
             want = model(input_ids=seq[None, : n + 1]).logits[0, -1]
             assert torch.allclose(logits[b], want, atol=1e-4, rtol=1e-4), (b, (logits[b] - want).abs().max())
+
+
+def test_the_static_step_a_cuda_graph_captures_is_the_eager_step():
+    """FastDecoder.static_step (shapes fixed by the slab, `fill` a tensor: what GraphedStep
+    captures) gives the eager step's logits and writes the same keys and values, with garbage in the
+    slab's headroom past `fill` that it must not read."""
+    import torch
+
+    from cuda_agent.train.fastdecode import FastDecoder
+    from cuda_agent.train.shapes import build_model
+
+    torch.manual_seed(0)
+    model = build_model("tiny", "cpu", torch.float32, seed=4)
+    fast = FastDecoder(model)
+    cfg = model.config
+    kvh, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    fill, cap = 9, 16
+    slabs = [(torch.randn(3, kvh, cap, d), torch.randn(3, kvh, cap, d)) for _ in range(cfg.num_hidden_layers)]
+    copy = [(k.clone(), v.clone()) for k, v in slabs]
+    before = [k[:, :, fill].clone() for k, _ in slabs]
+    tokens, start = torch.tensor([5, 17, 300]), torch.tensor([0, 4, 6])
+    positions = fill - start
+    with torch.inference_mode():
+        eager = fast.step(tokens, positions, slabs, fill, start)
+        static = fast.static_step(tokens, positions, copy, torch.tensor([fill]), start)
+    assert torch.allclose(static, eager, atol=1e-5, rtol=1e-5), (static - eager).abs().max()
+    for (k, v), (k2, v2), old in zip(slabs, copy, before):   # `fill` written alike (to rounding), the rest untouched
+        assert not torch.allclose(k2[:, :, fill], old)
+        assert torch.allclose(k, k2, atol=1e-5) and torch.allclose(v, v2, atol=1e-5)
+        assert torch.equal(k[:, :, :fill], k2[:, :, :fill]) and torch.equal(v[:, :, fill + 1:], v2[:, :, fill + 1:])
 
 
 def test_fast_decoder_is_used_only_where_it_covers_the_model():

@@ -33,10 +33,11 @@ whole history again on its next turn.
 
 What is not handled: one scheduler means one request's prefill holds up the decode steps of the
 others (prefills are not batched or interleaved); attention runs over the padded slab, so rows of
-very different lengths waste attention work; no CUDA graphs, so decode steps are bound by Python
-and launch overhead (`fastdecode.FastDecoder` cuts a Qwen2 step's kernels several-fold, not to one
-graph); sampling order across threads is not reproducible (which request gets which random draws
-depends on arrival order), only the per-token log-probabilities are exact.
+very different lengths waste attention work; models FastDecoder does not cover decode through
+transformers' modules, bound by Python and launch overhead (on a GPU, FastDecoder's steps replay from
+a CUDA graph of the batch slab, captured again whenever the slab is rebuilt); sampling order across
+threads is not reproducible (which request gets which random draws depends on arrival order), only
+the per-token log-probabilities are exact.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from cuda_agent.rollout.tokens import Generation
-from .fastdecode import FastDecoder
+from .fastdecode import FastDecoder, GraphedStep
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]   # per layer: keys, values [batch, kv_heads, tokens, head_dim]
 
@@ -123,6 +124,7 @@ class GenStats:
     decode_steps: int = 0
     repacks: int = 0                 # batch rebuilds (a join with no free slab row, or the slab grew)
     placed: int = 0                  # joins put into an answered row's slab row, with no rebuild
+    graph_captures: int = 0          # decode steps captured as CUDA graphs (one per slab built)
     evictions: int = 0               # session caches dropped for the memory cap
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -269,7 +271,7 @@ class _Engine:
 
     def __init__(self, model, eos_id: int, *, seed: int, device, allowed: list[int] | None, max_batch: int,
                  batch_wait_s: float, max_cache_tokens: int | None, prefill_chunk: int, ignore_eos: bool,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, cuda_graphs: bool = True):
         if max_batch < 1 or prefill_chunk < 1 or batch_wait_s < 0:
             raise ValueError("max_batch and prefill_chunk must be >= 1 and batch_wait_s >= 0")
         self.model = model
@@ -304,6 +306,7 @@ class _Engine:
                                 and hasattr(self._base, "set_attn_implementation") and _register_decode_attention())
         self._fast_wanted = fast_decode and FastDecoder.supports(model)
         self._fast: FastDecoder | None = None   # built at the first decode step, dropped by clear()
+        self._graphs = cuda_graphs and self._fast_wanted and self.device.type == "cuda"
         self._reset_batch()
 
     # -- called by other threads ------------------------------------------------------------------
@@ -481,8 +484,7 @@ class _Engine:
         if self._fast_wanted and self._fast is None:
             self._fast = FastDecoder(self.model)
         if self._fast is not None:
-            logits = self._fast.step(self._last, self._pos, [(s._kb, s._vb) for s in self._slabs], self._fill,
-                                     self._start)
+            logits = self._fast_step()
             for s in self._slabs:
                 s._expose(self._fill + 1)
         else:
@@ -515,6 +517,27 @@ class _Engine:
                 self._reset_batch()
         self.stats.decode_s += time.monotonic() - t0
         self._finish(finished)
+
+    def _fast_step(self) -> torch.Tensor:
+        """One decode step through FastDecoder: replayed from a CUDA graph of the current slab where
+        graphs are on (captured again after each rebuild of the slab), else eagerly."""
+        slabs = [(s._kb, s._vb) for s in self._slabs]
+        if self._graphs:
+            graph = self._graph
+            if graph is not None and graph.decoder is self._fast and graph.key == GraphedStep.key_of(slabs):
+                return graph(self._last, self._pos, self._fill, self._start)
+            self._graph = None   # the old slab's graph and its memory go before the new capture
+            try:
+                graph = GraphedStep(self._fast, slabs)
+                logits = graph.capture(self._last, self._pos, self._fill, self._start)
+            except Exception as exc:   # a capture this torch or GPU refuses, or a replay that differs
+                self._graphs = False
+                warnings.warn(f"decode steps run without CUDA graphs from now on: {exc!r}", stacklevel=2)
+            else:
+                self._graph = graph
+                self.stats.graph_captures += 1
+                return logits
+        return self._fast.step(self._last, self._pos, slabs, self._fill, self._start)
 
     def _place(self, joining: list[_Row]) -> bool:
         """Put joining rows into the slab rows of answered ones, without rebuilding the batch: each
@@ -556,6 +579,7 @@ class _Engine:
         if not rows:
             self._reset_batch()
             return
+        self._graph = None   # captured over the slab this replaces: its buffers may go
         old = [r for r in rows if r.kv is None]
         new = rows[len(old):]
         if any(r.kv is None for r in new):
@@ -591,6 +615,7 @@ class _Engine:
         self.stats.repacks += 1
 
     def _reset_batch(self) -> None:
+        self._graph: GraphedStep | None = None   # captured over the slab that goes here
         self._rows: list[_Row] = []
         self._slabs: list[_SlabLayer] = []
         self._cache_obj: DynamicCache | None = None
@@ -672,21 +697,24 @@ class HFPolicy:
     recently used first; default: a third of the GPU's memory, 2**20 tokens on the CPU);
     `prefill_chunk` bounds a prefill's activation memory; `ignore_eos` (benchmarks only) never stops
     on EOS, so every reply is `max_new_tokens` long; `fast_decode` runs decode steps through
-    `fastdecode.FastDecoder` where it covers the model (plain Qwen2: ~4x fewer kernels a step). Call `close()` when done (or use it as a context
+    `fastdecode.FastDecoder` where it covers the model (plain Qwen2: ~4x fewer kernels a step);
+    `cuda_graphs` replays those steps from a CUDA graph of each batch slab (on a GPU with FastDecoder
+    only; a capture that fails or replays other logits turns it off with a warning). Call `close()` when done (or use it as a context
     manager); a forgotten close is caught when the policy is garbage-collected, and the scheduler is a
     daemon thread, so it never holds the process open."""
 
     def __init__(self, model, eos_id: int, *, seed: int = 0, device: str | torch.device = "cpu",
                  allowed: list[int] | None = None, max_batch: int = 32, batch_wait_s: float = 0.02,
                  max_cache_tokens: int | None = None, prefill_chunk: int = 2048, ignore_eos: bool = False,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, cuda_graphs: bool = True):
         self.model = model
         self.eos_id = eos_id
         self.allowed = allowed
         self.device = torch.device(device)
         self._engine = _Engine(model, eos_id, seed=seed, device=self.device, allowed=allowed, max_batch=max_batch,
                                batch_wait_s=batch_wait_s, max_cache_tokens=max_cache_tokens,
-                               prefill_chunk=prefill_chunk, ignore_eos=ignore_eos, fast_decode=fast_decode)
+                               prefill_chunk=prefill_chunk, ignore_eos=ignore_eos, fast_decode=fast_decode,
+                               cuda_graphs=cuda_graphs)
         # Closes the engine when this object is collected; holds no reference to self.
         self._finalizer = weakref.finalize(self, _Engine.close, self._engine, False)
 

@@ -147,6 +147,7 @@ class RolloutFigures:
     response_tokens_mean: float
     peak_gpu_gib: float | None
     terminations: dict
+    engine: dict   # the policy's GenStats: decode steps, prefill and decode seconds, rebuilds, graph captures
 
     def table(self) -> str:
         return "\n".join(f"{k:<24} {v}" for k, v in self.__dict__.items())
@@ -215,6 +216,7 @@ def run_rollout_bench(*, shape: str = "tiny", episodes: int = 32, turns: int = 1
         if close is not None:
             close()
     rollout_s = time.monotonic() - t0
+    engine = {k: round(v, 2) if isinstance(v, float) else v for k, v in inner.stats.record().items()}
     if failures:
         raise RuntimeError(f"episodes failed: {failures[:3]}")
     prompt_len = len(eps[0].prompt_ids) if eps else 0
@@ -228,4 +230,4 @@ def run_rollout_bench(*, shape: str = "tiny", episodes: int = 32, turns: int = 1
         generated_tokens_per_s=round(policy.generated / rollout_s, 1),
         response_tokens_mean=statistics.fmean(len(e.response_ids) for e in eps),
         peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev == "cuda" else None,
-        terminations=terminations)
+        terminations=terminations, engine=engine)
