@@ -265,7 +265,11 @@ def test_the_floor_check_fires_on_the_cuda_verdict_path(tmp_path):
         v = j.evaluate(task, candidate)
     assert v.correct, v.failure
     sol = v.speed_of_light
-    assert sol.floor_ms and sol.work.required_input_bytes == 4096 * 4096 * 4, sol
+    # Every input element counts, but for the few whose gradient rounds to exactly zero: SiLU's
+    # derivative vanishes at x ~ -1.278, and a 16.7M-element randn draws a handful within rounding of
+    # it (5 on an H100); not counting them only lowers the floor (hardware/sol.required_bytes).
+    full = 4096 * 4096 * 4
+    assert sol.floor_ms and full - 4 * 100 <= sol.work.required_input_bytes <= full, sol
     print(f"silu 4096^2: floor {sol.floor_ms * 1e3:.1f} us, runtime {v.runtime_ms * 1e3:.1f} us, "
           f"share {v.floor_share:.3f}, L2 {sol.l2_bytes / 1e6:.0f} MB")
     with Judge(JudgeConfig(floor_margin=v.floor_share / 100, **base)) as j:
