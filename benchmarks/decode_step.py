@@ -1,6 +1,7 @@
 """One decode step of a real-shape model (random weights, bf16) at a batch of rows with a prefilled
 cache: host time (CUDA-synchronised wall time over 30 steps), device time and kernels per step
-(torch.profiler), through transformers' modules and through train/fastdecode.FastDecoder.
+(torch.profiler), through transformers' modules, through train/fastdecode.FastDecoder, and through
+FastDecoder's step replayed from a CUDA graph (fastdecode.GraphedStep, as the rollouts run it).
 
     python benchmarks/decode_step.py --shape qwen2.5-1.5b --rows 32 --context 4096
 """
@@ -13,7 +14,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from cuda_agent.train.fastdecode import FastDecoder
+from cuda_agent.train.fastdecode import FastDecoder, GraphedStep
 from cuda_agent.train.shapes import SHAPES, build_model
 
 
@@ -65,7 +66,10 @@ def main() -> None:
         pos = torch.full((a.rows,), a.context, device="cuda")
         start = torch.zeros(a.rows, dtype=torch.long, device="cuda")
         fd = timed(lambda: fast.step(tok[:, 0], pos, slabs, a.context, start))
-    for name, (host, device, kernels) in (("transformers", hf), ("FastDecoder", fd)):
+        graph = GraphedStep(fast, slabs)
+        graph.capture(tok[:, 0], pos, a.context, start)
+        gd = timed(lambda: graph(tok[:, 0], pos, a.context, start))
+    for name, (host, device, kernels) in (("transformers", hf), ("FastDecoder", fd), ("+CUDA graph", gd)):
         print(f"{name:<13} {a.shape} rows={a.rows} context={a.context}: {host:.1f} ms a step on the host "
               f"({a.rows / host * 1000:.0f} tokens/s), {device:.1f} ms on the device, {kernels:.0f} kernels")
 
