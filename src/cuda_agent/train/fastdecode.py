@@ -149,9 +149,9 @@ class FastDecoder:
 
 class GraphedStep:
     """`FastDecoder.static_step` over one batch slab, captured once as a CUDA graph and replayed at
-    every step until the slab is rebuilt: one launch from the host instead of ~25 a layer, which is
-    what bounds a decode step through eager PyTorch (tens of microseconds a launch, against a few
-    milliseconds of GPU work a step for a 1.5B model at 32 rows).
+    every step until the slab is rebuilt: one launch from the host instead of ~25 a layer, since
+    launches are what bound a decode step through eager PyTorch (transformers' step on an H100 at 32
+    rows of 4k tokens: 71 ms on the host for 15.7 ms of GPU work).
 
     The capture checks itself: the step is run eagerly first (the warm-up the capture needs; it
     writes the same keys and values the replay writes), then replayed, and a replay whose logits
