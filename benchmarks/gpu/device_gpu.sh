@@ -86,7 +86,8 @@ case "$stage" in
     ;;
   tiertests)
     # One folder for every call on the same machine, so a rerun (a warm machine keeps ignored
-    # files) finds the builds of the last one. TIER_ARGS: which tests (default: all of tests/).
+    # files) finds the builds of the last one. TIER_ARGS: which tests (default: all of tests/);
+    # TIER_K: a pytest -k expression (spaces allowed) to run part of them.
     export CUDA_AGENT_TEST_CACHE=${CUDA_AGENT_TEST_CACHE:-$PWD/.cache/test-cache}
     # Each failure's report is written as it happens: a run cut by its time limit still says why.
     export CUDA_AGENT_FAILURE_LOG=$out/gpu_tier_failures.log
@@ -96,7 +97,7 @@ case "$stage" in
     # -v: each test's outcome is on its own line as it ends, so a run cut by its time limit still
     # says which tests failed.
     timeout ${TIER_TIMEOUT:-540} python3 -m pytest -v -rfE -m gpu $par -p no:cacheprovider --durations=15 \
-      ${TIER_ARGS:-tests} > "$out/gpu_tier.log" 2>&1
+      ${TIER_K:+-k "$TIER_K"} ${TIER_ARGS:-tests} > "$out/gpu_tier.log" 2>&1
     echo "tier rc=$? after $(( $(date +%s) - t0 )) s"
     grep -E "passed|failed|FAILED|ERROR|s call " "$out/gpu_tier.log" | cut -c1-300 | tail -60
     [ -s "$CUDA_AGENT_FAILURE_LOG" ] && grep -E "^(=====|E  )" "$CUDA_AGENT_FAILURE_LOG" | cut -c1-300 | head -60

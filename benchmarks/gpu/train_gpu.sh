@@ -5,7 +5,8 @@
 # stages: warm-up, critic and agentic PPO on the CUDA suite with the CUDA judge, for episodes per
 # hour and the time split; calls: the second learning check (tool calls sampled token by token);
 # bench: the one-GPU targets (rollouts of 32 ten-turn episodes of the 1.5B shape, the decode step,
-# training at 8k, 32k and 128k, 7B with LoRA at 32k), each with its own time limit. Installs wheels from ./.whl (pydantic etc.) and this package in place,
+# training at 8k, 32k and 128k, 7B with LoRA at 32k), each with its own time limit (ROLLOUT_ARGS, e.g.
+# --no-cuda-graphs, go to the rollout benchmark). Installs wheels from ./.whl (pydantic etc.) and this package in place,
 # as device_gpu.sh does.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -38,7 +39,7 @@ case "$stage" in
   bench)
     # a figure per line as each finishes (a timeout still leaves those before it)
     timeout ${ROLLOUT_TIMEOUT:-300} python3 benchmarks/rollout_bench.py --shape qwen2.5-1.5b --device cuda \
-      --episodes 32 --turns 10 --reply 512 | tee "$out/rollout.txt"
+      --episodes 32 --turns 10 --reply 512 ${ROLLOUT_ARGS:-} | tee "$out/rollout.txt"
     timeout ${DECODE_TIMEOUT:-120} python3 benchmarks/decode_step.py --shape qwen2.5-1.5b --rows 32 --context 4096 \
       | tee "$out/decode_step.txt"
     timeout ${TRAIN_TIMEOUT:-240} python3 benchmarks/train_step_bench.py --shape qwen2.5-1.5b --device cuda \
