@@ -164,17 +164,22 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def judge_cache_dir(tmp_path_factory: pytest.TempPathFactory, name: str):
-    """The judge cache of a test module: fresh by default; with CUDA_AGENT_TEST_CACHE set, that folder,
-    shared by the modules and runs (the GPU tier fills it ahead with `cuda-agent build`, so its
-    CUDA builds run many at once instead of one after another inside the tests)."""
-    import os
-    from pathlib import Path
-
+    """The judge cache of a test module (`name` says whose): one folder for the whole session,
+    fresh each run and shared by the modules that ask for it here, so that a candidate two modules
+    judge is compiled once, and the precompiled headers (made in the cache, `Builder._pch`, ~50 s
+    each on 2 cores) once per run rather than once per module. Builds are keyed by their sources,
+    flags and toolchain, baselines by task, settings and machine, as in a user's own cache. With
+    CUDA_AGENT_TEST_CACHE set, that folder instead, shared by the runs too (the GPU tier fills it
+    ahead with `cuda-agent build`, so its CUDA builds run many at once instead of one after another
+    inside the tests). A test that needs a cache of its own (cache hits and misses, what a build
+    leaves there) makes one under its tmp_path."""
     shared = os.environ.get("CUDA_AGENT_TEST_CACHE")
     if shared:
         Path(shared).mkdir(parents=True, exist_ok=True)
         return Path(shared)
-    return tmp_path_factory.mktemp(name)
+    folder = tmp_path_factory.getbasetemp() / "judge-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def read_header(path: Path) -> dict[str, str]:
