@@ -164,17 +164,48 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def judge_cache_dir(tmp_path_factory: pytest.TempPathFactory, name: str):
-    """The judge cache of a test module: fresh by default; with CUDA_AGENT_TEST_CACHE set, that folder,
-    shared by the modules and runs (the GPU tier fills it ahead with `cuda-agent build`, so its
-    CUDA builds run many at once instead of one after another inside the tests)."""
-    import os
-    from pathlib import Path
-
+    """The judge cache of a test module (`name` says whose): one folder for the whole session,
+    fresh each run and shared by the modules that ask for it here, so that a candidate two modules
+    judge is compiled once, and the precompiled headers (made in the cache, `Builder._pch`, ~50 s
+    each on 2 cores) once per run rather than once per module. Builds are keyed by their sources,
+    flags and toolchain, baselines by task, settings and machine, as in a user's own cache. With
+    CUDA_AGENT_TEST_CACHE set, that folder instead, shared by the runs too (the GPU tier fills it
+    ahead with `cuda-agent build`, so its CUDA builds run many at once instead of one after another
+    inside the tests). A test that needs a cache of its own (cache hits and misses, what a build
+    leaves there) makes one under its tmp_path."""
     shared = os.environ.get("CUDA_AGENT_TEST_CACHE")
     if shared:
         Path(shared).mkdir(parents=True, exist_ok=True)
         return Path(shared)
-    return tmp_path_factory.mktemp(name)
+    folder = tmp_path_factory.getbasetemp() / "judge-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def selected_params(session: pytest.Session, module_file: str, test_name: str, param: str) -> list:
+    """The values of `param` in this session's items of `test_name` in `module_file` (what -k, -m or
+    node ids left of its parametrisation), in order."""
+    module = Path(module_file).name
+    return [item.callspec.params[param] for item in session.items
+            if getattr(item, "originalname", None) == test_name and Path(str(item.fspath)).name == module
+            and hasattr(item, "callspec")]
+
+
+def build_ahead_in_parallel(paths: list[Path], config) -> None:
+    """Compile the candidates at `paths` into `config.cache_dir` before a module judges them, as many
+    at once as there are cores (`cuda-agent build`: the judge's own plan and build step, sandboxed,
+    keyed as the judge keys them). The judge then finds them built, so their compiler time is spread
+    over the cores instead of taken one build after another inside the tests, as the GPU tier does
+    with its fixtures (benchmarks/gpu/device_gpu.sh prebuild). What cannot be planned ahead (a
+    load_inline call computed at run time), or fails to build, the judge builds itself and reports
+    as always; the judging itself is unchanged. On one core there is nothing to gain: nothing is done."""
+    from cuda_agent import host
+    from cuda_agent.candidate import Candidate
+    from cuda_agent.pool.prebuild import build_ahead
+
+    cores = host.usable_cores()
+    if len(paths) > 1 and cores > 1:
+        build_ahead([Candidate.from_path(p) for p in paths], config, parallel=cores, jobs=1)
 
 
 def read_header(path: Path) -> dict[str, str]:

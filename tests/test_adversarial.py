@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import judge_cache_dir, read_header
+from conftest import build_ahead_in_parallel, judge_cache_dir, read_header, selected_params
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import FailureCategory, Judge, JudgeConfig
 from cuda_agent.tasks import load_task_file
@@ -76,15 +76,25 @@ def make_config(device: str, cache_dir: Path, policy: str = "strict") -> JudgeCo
                        **limits)
 
 
+def build_ahead_of_the_judge(device: str, policy: str, paths: list[Path], cache_dir: Path) -> None:
+    """The fixtures of one (device, policy) compiled into the judge's cache ahead, as many at once as
+    there are cores (conftest.build_ahead_in_parallel)."""
+    mine = [p for p in paths if read_header(p).get("policy", "strict") == policy]
+    build_ahead_in_parallel(mine, make_config(device, cache_dir, policy))
+
+
 @pytest.fixture(scope="module")
-def judges(tmp_path_factory):
-    """One Judge per (device, policy) for the whole module; builds are shared through one cache."""
+def judges(tmp_path_factory, request):
+    """One Judge per (device, policy) for the whole module; builds are shared through one cache,
+    filled ahead with the CPU fixtures this session will judge (`build_ahead_of_the_judge`)."""
     cache_dir = judge_cache_dir(tmp_path_factory, "judge-cache")
     created: dict[tuple[str, str], Judge] = {}
+    ahead = {"cpu": selected_params(request.session, __file__, "test_cpu_fixture", "path")}
 
     def get(device: str, policy: str = "strict") -> Judge:
         key = (device, policy)
         if key not in created:
+            build_ahead_of_the_judge(device, policy, ahead.get(device, []), cache_dir)
             created[key] = Judge(make_config(device, cache_dir, policy))
             LIVE_JUDGES.append(created[key])
         return created[key]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import judge_cache_dir
+from conftest import build_ahead_in_parallel, judge_cache_dir, selected_params
 from cuda_agent.candidate import Candidate
 from cuda_agent.judge import Judge, JudgeConfig
 from cuda_agent.suite import suite_solutions, suite_tasks
@@ -61,14 +61,19 @@ def suite_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def judges(suite_cache):
-    """One judge per backend for the module, created on first use; builds shared through one cache."""
+def judges(suite_cache, request):
+    """One judge per backend for the module, created on first use; builds shared through one cache,
+    the CPU solutions this session judges compiled into it ahead, several at once."""
     made: dict[str, Judge] = {}
+    ahead = {"cpu": [CPU_SOLUTIONS[name] for name in selected_params(request.session, __file__,
+                                                                     "test_cpu_solution_passes", "name")]}
 
     def get(device: str) -> Judge:
         if device not in made:
-            made[device] = Judge(JudgeConfig(device=device, compile_mode="none", n_timed=5 if device == "cpu" else 10,
-                                             cache_dir=suite_cache))
+            config = JudgeConfig(device=device, compile_mode="none", n_timed=5 if device == "cpu" else 10,
+                                 cache_dir=suite_cache)
+            build_ahead_in_parallel(ahead.get(device, []), config)
+            made[device] = Judge(config)
         return made[device]
 
     yield get
