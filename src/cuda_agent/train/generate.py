@@ -579,7 +579,6 @@ class _Engine:
         if not rows:
             self._reset_batch()
             return
-        self._graph = None   # captured over the slab this replaces: its buffers may go
         old = [r for r in rows if r.kv is None]
         new = rows[len(old):]
         if any(r.kv is None for r in new):
