@@ -163,8 +163,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                 fh.write(f"----- {name}\n{text[-4000:]}\n")
 
 
-def judge_cache_dir(tmp_path_factory: pytest.TempPathFactory, name: str):
-    """The judge cache of a test module (`name` says whose): one folder for the whole session,
+def judge_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The judge cache of the test modules: one folder for the whole session,
     fresh each run and shared by the modules that ask for it here, so that a candidate two modules
     judge is compiled once, and the precompiled headers (made in the cache, `Builder._pch`, ~50 s
     each on 2 cores) once per run rather than once per module. Builds are keyed by their sources,

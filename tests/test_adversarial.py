@@ -87,7 +87,7 @@ def build_ahead_of_the_judge(device: str, policy: str, paths: list[Path], cache_
 def judges(tmp_path_factory, request):
     """One Judge per (device, policy) for the whole module; builds are shared through one cache,
     filled ahead with the CPU fixtures this session will judge (`build_ahead_of_the_judge`)."""
-    cache_dir = judge_cache_dir(tmp_path_factory, "judge-cache")
+    cache_dir = judge_cache_dir(tmp_path_factory)
     created: dict[tuple[str, str], Judge] = {}
     ahead = {"cpu": selected_params(request.session, __file__, "test_cpu_fixture", "path")}
 

@@ -102,7 +102,7 @@ def test_cuda_run_solves_a_bundled_level1_task(tmp_path, tmp_path_factory):
         expect("profile (judge's timing): PASSED", "per-kernel profile", "softmax", then=tool("submit")),
     ]
     config = JudgeConfig(device="cuda", compile_mode="none", n_timed=10,
-                         cache_dir=judge_cache_dir(tmp_path_factory, "agent-cache"))
+                         cache_dir=judge_cache_dir(tmp_path_factory))
     result = run_agent(script, task, "cuda", tmp_path, config, max_turns=len(script) + 2)
     assert result.termination is Termination.SUBMITTED, result.message
     v = result.best_verdict

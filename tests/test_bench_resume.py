@@ -164,7 +164,7 @@ def test_every_pair_and_every_judge_failure_reaches_every_output(tmp_path, tmp_p
     (sols / "2_GELU_copy.py").write_text(solution + "# the same kernel, stored under a second name\n")
     (sols / "3_GELU_broken.py").write_text(solution)
     db, out, report = tmp_path / "results.sqlite", tmp_path / "run.jsonl", tmp_path / "run.html"
-    cache = judge_cache_dir(tmp_path_factory, "bench-pairs-cache")
+    cache = judge_cache_dir(tmp_path_factory)
     cmd = [sys.executable, "-m", "cuda_agent.cli", "bench", str(tmp_path / "tasks"), "--solutions", str(sols),
            "--device", device, "--compile-mode", "none", "--db", str(db), "--run", "pairs", "--compile-workers", "0",
            "-c", "n_timed=3", "-c", f"cache_dir=\"{cache}\"", "--out", str(out), "--report", str(report)]

@@ -26,7 +26,7 @@ def make_task(forward: str, init: str = "pass", head: str = HEAD, name: str = "t
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory):
     cfg = JudgeConfig(device="cpu", compile_mode="none", n_timed=3, n_warmup=1,
-                      cache_dir=judge_cache_dir(tmp_path_factory, "check-reference"))
+                      cache_dir=judge_cache_dir(tmp_path_factory))
     with Judge(cfg) as j:
         yield j
 
@@ -64,7 +64,7 @@ def test_degenerate_outputs_are_reported(judge):
 @pytest.mark.gpu
 def test_on_the_gpu_an_honest_task_passes_and_a_random_one_fails(tmp_path_factory):
     cfg = JudgeConfig(device="cuda", compile_mode="none", n_timed=3, n_warmup=1,
-                      cache_dir=judge_cache_dir(tmp_path_factory, "check-reference-gpu"))
+                      cache_dir=judge_cache_dir(tmp_path_factory))
     with Judge(cfg) as judge:
         v = judge.check_reference(make_task("return torch.tanh(self.fc(x))", init="self.fc = nn.Linear(256, 256)"))
         assert v.correct and v.eager is not None and v.eager.median_ms > 0, v.failure

@@ -181,7 +181,7 @@ def test_two_judges_on_one_device_never_run_a_call_beside_a_timed_one(tmp_path_f
     from cuda_agent.judge import Judge, JudgeConfig
     from cuda_agent.tasks import load_task_file
 
-    cache = judge_cache_dir(tmp_path_factory, "devlock-cache")
+    cache = judge_cache_dir(tmp_path_factory)
     lock = tmp_path_factory.mktemp("locks") / "cpu.lock"
     fixture = FIXTURES / "cpu" / "honest" / "matmul_omp.py"
     task = load_task_file(FIXTURES / "tasks" / read_header(fixture)["task"])

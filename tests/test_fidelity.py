@@ -565,7 +565,7 @@ JUDGE_FAST = ["-c", "n_check=2", "-c", "n_warmup=1", "-c", "n_timed=3", "--compi
 def test_end_to_end_on_cpu_classifies_resumes_and_reports(tmp_path, tmp_path_factory):
     make_corpus(tmp_path / "corpus")
     out = tmp_path / "out"
-    cache = judge_cache_dir(tmp_path_factory, "fidelity")
+    cache = judge_cache_dir(tmp_path_factory)
     common = ["--corpus", str(tmp_path / "corpus"), "--out", str(out), "--device", "cpu",
               "-c", f'cache_dir="{cache}"', *JUDGE_FAST]
     first = run_script(*common)
@@ -685,7 +685,7 @@ def test_blank_compiler_flags_of_published_solutions(tmp_path, tmp_path_factory)
         "fid_silu_cpu", "fid_silu_blank_flags_cpu")
     assert 'extra_cflags=[""]' in code
     cfg = JudgeConfig(device="cpu", policy="lenient", compile_mode="none", n_check=2, n_warmup=1, n_timed=3,
-                      cache_dir=judge_cache_dir(tmp_path_factory, "fidelity_flags"))
+                      cache_dir=judge_cache_dir(tmp_path_factory))
     with Judge(cfg) as judge:
         verdict = judge.evaluate(Task.from_source(SILU_TASK, name="1_SiLU", level=1), Candidate.from_source(code))
     assert verdict.correct, verdict.failure
@@ -770,7 +770,7 @@ def test_end_to_end_on_cuda_with_ncu(tmp_path, tmp_path_factory):
         for name, code, speedup in (("published", CUDA_SOLUTION, 1.0), ("plain", plain, 1.1),
                                     ("wrong", wrong, 0.9))]))
     out = tmp_path / "out"
-    cache = judge_cache_dir(tmp_path_factory, "fidelity_gpu")
+    cache = judge_cache_dir(tmp_path_factory)
     proc = run_script("--corpus", str(tmp_path / "corpus"), "--out", str(out), "-c", f'cache_dir="{cache}"',
                       "--ncu-sample", "2")
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -162,7 +162,7 @@ def test_a_forward_that_never_says_enqueued_is_released_after_the_wait_and_an_er
 
 @pytest.fixture(scope="module")
 def judges(tmp_path_factory):
-    cache_dir = judge_cache_dir(tmp_path_factory, "gate-release-cache")
+    cache_dir = judge_cache_dir(tmp_path_factory)
     created: dict[str, Judge] = {}
 
     def get(release: str, writes: str = "device", **more) -> Judge:

@@ -119,7 +119,7 @@ def launches_library(tmp_path_factory):
     spec = ln.spec()
     if spec is None:
         pytest.skip("no CUPTI headers where PyTorch's CUDA is")
-    cache = judge_cache_dir(tmp_path_factory, "launches-cache")
+    cache = judge_cache_dir(tmp_path_factory)
     builder = Builder(cache, work_root_dir(), arch=None, timeout_s=900, uid=None)
     return builder.build(spec).library
 

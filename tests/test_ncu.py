@@ -217,7 +217,7 @@ def test_profile_tool_on_a_bundled_solution(name, tmp_path, tmp_path_factory):
     task = load_task_file(task)
     ws = create_workspace(task, tmp_path / "ws", "cuda")
     shutil.copytree(suite_dir() / "solutions" / "cuda" / name, ws, dirs_exist_ok=True)  # model_new.py, kernels/
-    gate = LocalEvaluator(JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=judge_cache_dir(tmp_path_factory, "ncu-cache")))
+    gate = LocalEvaluator(JudgeConfig(device="cuda", compile_mode="none", n_timed=10, cache_dir=judge_cache_dir(tmp_path_factory)))
     box = Toolbox(task, ws, gate)
     try:
         obs = box.call("profile", {"target": "candidate"})

@@ -111,7 +111,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def observer_library(tmp_path_factory):
-    cache = judge_cache_dir(tmp_path_factory, "observer-cache")
+    cache = judge_cache_dir(tmp_path_factory)
     builder = Builder(cache, work_root_dir(), arch=None, timeout_s=900, uid=None)
     return builder.build(obs.spec()).library
 

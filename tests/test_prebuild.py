@@ -67,7 +67,7 @@ def _served_specs(judge: Judge, request: dict, monkeypatch) -> tuple[list, dict]
 
 @pytest.fixture(scope="module")
 def cpu_judges(tmp_path_factory):
-    cache = judge_cache_dir(tmp_path_factory, "prebuild-judges")
+    cache = judge_cache_dir(tmp_path_factory)
     judges = {policy: Judge(JudgeConfig(device="cpu", compile_mode="none", cache_dir=cache, policy=policy))
               for policy in ("strict", "lenient")}
     yield judges

@@ -38,7 +38,7 @@ def cpu_case() -> tuple[Task, Candidate, Candidate]:
 @pytest.fixture(scope="module")
 def judge_config(tmp_path_factory) -> JudgeConfig:
     return JudgeConfig(device="cpu", compile_mode="none", n_timed=5,
-                       cache_dir=judge_cache_dir(tmp_path_factory, "evaluator-cache"))
+                       cache_dir=judge_cache_dir(tmp_path_factory))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def test_local_and_pool_evaluators_conform_on_cuda(tmp_path_factory):
     task = next(t for t in suite_tasks("cuda") if t.name == name)
     honest = Candidate.from_path(suite_solutions("cuda")[name])
     config = JudgeConfig(device="cuda", compile_mode="none", n_timed=10,
-                         cache_dir=judge_cache_dir(tmp_path_factory, "evaluator-cuda-cache"))
+                         cache_dir=judge_cache_dir(tmp_path_factory))
     check_evaluator(LocalEvaluator(config), task, honest, _sabotaged(honest))
     with Pool(config, PoolConfig(judge_workers=1, compile_workers=0)) as pool:
         check_evaluator(MemoEvaluator(PoolEvaluator(pool, config)), task, honest, _sabotaged(honest))

@@ -57,7 +57,7 @@ def test_cpu_tasks_are_deterministic_and_input_dependent(task: Task):
 
 @pytest.fixture(scope="module")
 def suite_cache(tmp_path_factory):
-    return judge_cache_dir(tmp_path_factory, "suite-cache")
+    return judge_cache_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ N_TIMED = 4
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory):
     cfg = JudgeConfig(device="cpu", compile_mode="none", n_timed=N_TIMED,
-                      cache_dir=judge_cache_dir(tmp_path_factory, "timing-remeasure"))
+                      cache_dir=judge_cache_dir(tmp_path_factory))
     with Judge(cfg) as j:
         yield j
 

@@ -21,7 +21,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
-    return judge_cache_dir(tmp_path_factory, "tolerance")
+    return judge_cache_dir(tmp_path_factory)
 
 
 def _config(cache_dir, device: str = "cpu", **kw) -> JudgeConfig:
