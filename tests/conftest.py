@@ -128,13 +128,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _gpu_lock(exclusive: bool):
-    """The GPU between pytest-xdist workers (processes), through the judge's own device lock
+    """The GPU between pytest-xdist workers (processes), through the judge's own kind of device lock
     (cuda_agent/judge/devlock.py): GPU tests share it; a `gpu_exclusive` test holds it alone. Why:
-    the GPU tier runs several workers on one GPU, and a kernel that spins until the judge kills it
-    (the hang fixtures) takes the GPU's time slices from another worker's timed calls, so an honest
-    kernel's wall clock there is several times its GPU time and the judge rightly calls the claim a
-    lie. The judge itself never times a call beside another judge's calls on its GPU; this keeps
-    the tests in the same position."""
+    the GPU tier runs several workers on one GPU. The judges of two workers never time a call beside
+    each other's calls (every CUDA judge takes its GPU's lock, JudgeConfig.device_lock), but what
+    runs outside a judge's calls does not ask: a kernel that spins until the judge kills it (the
+    hang fixtures), a model loaded by a training test (tens of GiB, and heavy kernels) would take
+    the GPU's time slices or its memory from another worker's timed calls, so an honest kernel's
+    wall clock there is several times its GPU time and the judge rightly calls the claim a lie."""
     from cuda_agent.judge.devlock import DeviceLock
 
     return DeviceLock(Path(tempfile.gettempdir()) / f"cuda-agent-tests-gpu-{os.getuid()}.lock").hold(exclusive)

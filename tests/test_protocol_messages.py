@@ -122,3 +122,55 @@ def test_blocked_keeps_the_first_five_as_text():
 def test_bandwidth_result_is_its_times_or_else_its_message():
     assert Bandwidth.parse({"ms": {"read": 1.0}}).result == {"read": 1.0}
     assert Bandwidth.parse({"ms": {}, "message": "no region"}).result == "no region"
+
+
+class _DeadWorker:
+    """The judge's view of a worker process that has exited (sandbox.Sandboxed, as Session uses it)."""
+
+    class _Popen:
+        def poll(self):
+            return 1
+
+        def wait(self, timeout=None):
+            return 1
+
+    proc = _Popen()
+
+    def alive(self):
+        return False
+
+    def exit_description(self):
+        return "exited with status 1"
+
+    def log_tail(self, n):
+        return "torch.OutOfMemoryError: CUDA out of memory"
+
+    def rss_mb(self):
+        return 0.0
+
+    def disk_used_mb(self):
+        return 0.0
+
+
+@pytest.mark.parametrize("loading", [False, True])
+def test_a_worker_that_dies_before_the_candidates_code_ran_is_the_judges_failure(loading):
+    """The worker says `loading` just before the candidate's code (worker.main): a death before it
+    (CUDA out of memory while the harness set up, say) is the judge's failure, never the candidate's
+    crash; a death after it is the candidate's crash (a candidate cannot die 'before' its own code)."""
+    import socket
+    import time
+
+    from cuda_agent.judge.harness import Judge
+    from cuda_agent.judge.protocol import Channel
+    from cuda_agent.judge.session import Session
+
+    ours, theirs = socket.socketpair()
+    session = Session(_DeadWorker(), Channel(ours), None, memory_limit_mb=1000, disk_limit_mb=1000)
+    if loading:
+        Channel(theirs).send({"op": "loading"})
+    theirs.close()
+    with pytest.raises(Stop) as stop:  # the harness's loop while the candidate loads (no build asked: no self)
+        Judge._serve_init(None, session, None, time.monotonic() + 5)
+    assert session.candidate_code is loading
+    assert stop.value.failure.category is (FC.CRASH if loading else FC.JUDGE), stop.value.failure
+    assert "out of memory" in stop.value.failure.message

@@ -287,6 +287,7 @@ def test_benchmark_workload_on_cpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_exclusive  # a model on the GPU outside any judge: alone, so no other test's memory or timing suffers
 def test_gpu_bf16_rollouts_match_the_trainer():
     """bf16 on CUDA, a Qwen2.5-1.5B-shaped random model: sampling-time and trainer log-probs agree
     to bf16 precision (different kernels: batched decode vs one full forward)."""
@@ -319,6 +320,7 @@ def test_gpu_bf16_rollouts_match_the_trainer():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_exclusive  # a model on the GPU outside any judge: alone, so no other test's memory or timing suffers
 def test_gpu_fp32_rollouts_match_the_trainer_exactly():
     """fp32 on CUDA (grouped KV heads, padded rows, chunked prefill, a second turn from the cache):
     the same 1e-4 bound as on the CPU."""
@@ -349,6 +351,7 @@ def test_gpu_fp32_rollouts_match_the_trainer_exactly():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_exclusive  # a model on the GPU outside any judge: alone, so no other test's memory or timing suffers
 def test_gpu_benchmark_smoke():
     r = run_bench(BenchConfig(shape="qwen2.5-1.5b", sessions=4, turns=2, prompt_tokens=512, reply_tokens=32,
                               obs_tokens=16, device="cuda", dtype="bfloat16"))

@@ -311,6 +311,7 @@ def test_bf16_with_gradient_checkpointing_trains_on_the_cpu(tiny):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_exclusive  # a model on the GPU outside any judge: alone, so no other test's memory or timing suffers
 def test_gpu_chunked_logprobs_in_bf16_match_the_full_logits():
     model, _ = trainbench.build_model("qwen2.5-1.5b", "cuda", torch.bfloat16, checkpointing=False)
     ids = torch.randint(0, 151936, (1, 2048), device="cuda")
@@ -323,6 +324,7 @@ def test_gpu_chunked_logprobs_in_bf16_match_the_full_logits():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_exclusive  # a model on the GPU outside any judge: alone, so no other test's memory or timing suffers
 def test_gpu_one_update_of_qwen_1_5b_at_32k_fits_and_the_estimate_bounds_it():
     res = trainbench.run("qwen2.5-1.5b", 32768, episodes=2, device="cuda", critic_mode="shared")
     total = torch.cuda.get_device_properties(0).total_memory / 1024 ** 3

@@ -139,7 +139,9 @@ class CallLoop:
                     held.close()  # the last call's hold; then this one's, alone for a timed call
                     t_wait = time.perf_counter()
                     held.enter_context(self.device_lock.hold(exclusive=role == "timed"))
-                    self.split["device_wait"] += time.perf_counter() - t_wait
+                    waited = time.perf_counter() - t_wait
+                    self.split["device_wait"] += waited
+                    self.deadline += waited  # another judge's call is not this candidate's time
                 t_ref = time.perf_counter()
                 call = self._expect(i, role)
                 if self.device == "cuda":

@@ -28,6 +28,7 @@ given, or anything that decides the verdict.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -55,9 +56,9 @@ from .calls import CallLoop
 from .sol import task_speed_of_light
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
-from .devlock import DeviceLock
+from .devlock import DeviceLock, gpu_lock_path
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
-from .protocol import Channel, DataPlane, InitRequest, LoadInline, Ready, parse_loading
+from .protocol import Channel, DataPlane, InitRequest, Loading, LoadInline, Ready, parse_loading
 from .reference import Reference, Setup, make_setup, rebuild, reference_ops
 from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
 from .session import Session
@@ -139,7 +140,12 @@ class Judge:
         self._region_loan: SharedGpuBuffer | None = None
         self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
         # Judges sharing this device: timed calls hold it alone, other calls share it (devlock.py).
-        self._device_lock = DeviceLock(config.device_lock) if config.device_lock else None
+        # On CUDA every judge takes its GPU's lock unless told another: two judges of this machine
+        # (two test workers, a benchmark beside a training run) never time a call beside the other's.
+        lock = config.device_lock
+        if lock is None and self.device == "cuda":
+            lock = gpu_lock_path(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self._device_lock = DeviceLock(lock) if lock else None
         # CUDA processes flush the L2 again once a call's inputs are written (JudgeConfig.flush_after_inputs:
         # "on", "auto" (inputs over the L2's size) or "off")
         self._flushes_inputs = config.flush_after_inputs if self.device == "cuda" and config.flush_l2 else "off"
@@ -391,10 +397,14 @@ class Judge:
                   uid: int | None) -> None:
         """One checked call under compute-sanitizer (judge/memcheck.py); a failure ends the evaluation."""
         t_phase = time.monotonic()
-        runs, failure = mc.check_candidate(
-            task_source=task.source, model_new=cand.model_new, libraries=libraries,
-            sources=[cand.model_new] + [src for _, src in cand.kernels], init_seed=setup.init_seed,
-            input_seed=secrets.randbits(31), config=self.config, work_root=self.work_root, uid=uid, live=ev.live)
+        # compute-sanitizer's process runs the candidate's kernels outside the calls: as a checked
+        # call, it shares the device with other judges' checks but never runs beside a timed call
+        held = self._device_lock.hold(exclusive=False) if self._device_lock else contextlib.nullcontext()
+        with held:
+            runs, failure = mc.check_candidate(
+                task_source=task.source, model_new=cand.model_new, libraries=libraries,
+                sources=[cand.model_new] + [src for _, src in cand.kernels], init_seed=setup.init_seed,
+                input_seed=secrets.randbits(31), config=self.config, work_root=self.work_root, uid=uid, live=ev.live)
         ev.verdict.memcheck = runs
         ev.verdict.phase_s["memcheck"] = time.monotonic() - t_phase
         if failure is not None:
@@ -640,6 +650,9 @@ class Judge:
         """Wait for the worker's ModelNew, building what its load_inline calls ask for meanwhile."""
         while True:
             msg = session.recv(deadline, "loading the candidate", parse_loading)
+            if isinstance(msg, Loading):
+                session.candidate_code = True
+                continue
             if isinstance(msg, LoadInline):
                 started = time.monotonic()
                 session.chan.send(dict(self.builds.serve(msg.request, session.proc, ev)))

@@ -226,9 +226,18 @@ class LoadInline:
     request: dict
 
 
-def parse_loading(raw: dict) -> "LoadInline | Ready":
-    """A message while the candidate loads: a build request, or the end of loading (or an error)."""
-    return LoadInline(raw) if raw.get("op") == "build" else Ready.parse(raw)
+@dataclass(frozen=True)
+class Loading:
+    """Worker -> judge: the harness is set up and the process confined; the candidate's code loads
+    next. A process that dies before sending this ran none of that code, so its death is the
+    judge's failure (a GPU out of memory at set-up, say), never the candidate's crash."""
+
+
+def parse_loading(raw: dict) -> "Loading | LoadInline | Ready":
+    """A message while the candidate loads: the start of its code, a build request, or the end of
+    loading (or an error)."""
+    op = raw.get("op")
+    return Loading() if op == "loading" else LoadInline(raw) if op == "build" else Ready.parse(raw)
 
 
 # The most distinct kernel names a call may report (launched, or ran); one more says that there

@@ -53,6 +53,9 @@ class Session:
         self.paired: dict[int, float] | None = None
         self.reduced_isolation: list[str] = []  # what a judge that is not root cannot isolate
         self.trusted = trusted  # the reference or a baseline: no candidate policy applies to what it runs
+        # whether the worker said its candidate's code loads next (protocol.Loading): a process that
+        # dies before that ran only the judge's code, so its death is the judge's failure
+        self.candidate_code = False
 
     def forget_timed_calls(self) -> None:
         """Drop what the timed calls so far measured, before a second round of them."""
@@ -92,8 +95,7 @@ class Session:
                 pass
             except ChannelClosed:
                 proc.proc.wait(timeout=5) if proc.proc.poll() is None else None
-                raise Stop(FC.CRASH, f"the candidate process died during {what} "
-                                     f"({proc.exit_description()}):\n{log_excerpt(proc)}") from None
+                raise self._died(what) from None
             except ProtocolError as exc:
                 raise Stop(FC.TAMPERING, f"malformed message from the candidate process: {exc}") from None
             else:
@@ -103,8 +105,7 @@ class Session:
                     raise Stop(FC.TAMPERING, "malformed message from the candidate process: nested too deeply") \
                         from None
             if not proc.alive():
-                raise Stop(FC.CRASH, f"the candidate process died during {what} "
-                                     f"({proc.exit_description()}):\n{log_excerpt(proc)}")
+                raise self._died(what)
             if proc.rss_mb() > self.memory_limit_mb:
                 raise Stop(FC.OOM, f"the candidate process exceeded {self.memory_limit_mb} MiB of host memory "
                                    f"during {what}")
@@ -112,6 +113,15 @@ class Session:
             if used > self.disk_limit_mb:
                 raise Stop(FC.RESOURCE, f"the candidate process used {used:.0f} MiB of disk during {what} "
                                         f"(limit {self.disk_limit_mb} MiB)")
+
+    def _died(self, what: str) -> Stop:
+        """The failure of a worker that died during `what`: the candidate's crash once its code ran,
+        the judge's failure before (the harness's own set-up, e.g. a GPU out of memory)."""
+        if not self.candidate_code and not self.trusted:
+            return Stop(FC.JUDGE, f"the judge's worker process died during {what}, before any of the candidate's "
+                                  f"code ran ({self.proc.exit_description()}):\n{log_excerpt(self.proc)}")
+        return Stop(FC.CRASH, f"the candidate process died during {what} "
+                              f"({self.proc.exit_description()}):\n{log_excerpt(self.proc)}")
 
     def close(self) -> None:
         try:

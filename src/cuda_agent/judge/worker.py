@@ -239,6 +239,7 @@ def main(sock_fd: int, data_fd: int, size: int, in_size: int) -> int:
         return 1
     if not _confine(r):
         return 1
+    r.chan.send({"op": "loading"})  # from here on, a death of this process is the candidate's doing
     model_cls = _load_candidate(r)
     if model_cls is None:
         return 1
