@@ -199,3 +199,56 @@ def test_local_and_pool_evaluators_conform_on_cuda(tmp_path_factory):
     check_evaluator(LocalEvaluator(config), task, honest, _sabotaged(honest))
     with Pool(config, PoolConfig(judge_workers=1, compile_workers=0)) as pool:
         check_evaluator(MemoEvaluator(PoolEvaluator(pool, config)), task, honest, _sabotaged(honest))
+
+
+class JudgeBreaks(Scripted):
+    """The judge's own failure (FailureCategory.JUDGE: its worker died before the candidate's code
+    ran, the GPU out of memory at set-up) for the first `breaks` verdicts, then the real one."""
+
+    def __init__(self, breaks: int):
+        super().__init__()
+        self.breaks = breaks
+
+    def evaluate(self, task, cand):
+        from cuda_agent.judge import FailureCategory
+
+        if self.breaks > 0:
+            self.breaks -= 1
+            self.calls += 1
+            return verdict(task, cand, correct=False, category=FailureCategory.JUDGE)
+        return super().evaluate(task, cand)
+
+
+def test_a_verdict_on_the_judges_own_failure_is_asked_again_then_raised_never_scored():
+    from cuda_agent.judge import JudgeError
+    from cuda_agent.rollout.evaluator import candidate_verdict
+
+    task, good, _ = scripted_case()
+    once = JudgeBreaks(1)
+    assert candidate_verdict(once, task, good).correct and once.calls == 2   # passing: asked again
+    always = JudgeBreaks(10)
+    with pytest.raises(JudgeError, match="not the candidate's doing"):
+        candidate_verdict(always, task, good, retries=2)
+    assert always.calls == 3
+    memo = MemoEvaluator(JudgeBreaks(1))   # the memo keeps verdicts on candidates only
+    assert memo.evaluate(task, good).failure is not None
+    assert memo.evaluate(task, good).correct and memo.hits == 0
+    assert memo.evaluate(task, good).correct and memo.hits == 1
+
+
+def test_the_tools_turn_the_judges_own_failure_into_a_judge_failure_not_a_reward(tmp_path):
+    """The verify tool never shows (or scores) a verdict on the judge itself as the candidate's
+    failure: the episode ends as JudgeFailure (dropped from training, retried by the runner)."""
+    from cuda_agent.agent.tools import Toolbox
+    from cuda_agent.agent.workspace import create_workspace
+    from cuda_agent.rollout.outcome import JudgeFailure
+    from cuda_agent.llm import ToolCall
+
+    task, _, _ = scripted_case()
+    create_workspace(task, tmp_path / "ws", "cpu")
+    box = Toolbox(task, tmp_path / "ws", JudgeBreaks(10))
+    with pytest.raises(JudgeFailure, match="not the candidate's doing"):
+        box.step(ToolCall(id="c1", name="verify", raw_arguments="{}", arguments={}))
+    box = Toolbox(task, tmp_path / "ws", JudgeBreaks(1))
+    step = box.step(ToolCall(id="c1", name="verify", raw_arguments="{}", arguments={}))
+    assert step.verdict is not None and step.verdict.failure.category.value == "mismatch" and step.reward.value == -1.0

@@ -43,7 +43,7 @@ from cuda_agent.reward import Reward, RewardConfig, reward_of
 from cuda_agent.tasks import Task
 
 from cuda_agent.rollout.env import Reset, StepResult
-from cuda_agent.rollout.evaluator import Evaluator
+from cuda_agent.rollout.evaluator import Evaluator, candidate_verdict
 from cuda_agent.rollout.outcome import JudgeFailure
 
 from .workspace import READ_ONLY
@@ -449,7 +449,7 @@ class Toolbox:
     def _judge(self, cand: Candidate, *, fresh: bool) -> Verdict:
         if not fresh and cand.hash in self._verdicts:
             return self._verdicts[cand.hash]
-        verdict = self.evaluator.evaluate(self.task, cand)
+        verdict = candidate_verdict(self.evaluator, self.task, cand)  # JudgeError for the judge's own failure
         self._verdicts[cand.hash] = verdict
         return verdict
 

@@ -21,7 +21,7 @@ are fronts over this package.
 from .engine import AgentProgress, Engine, EngineConfig, EpisodeResult, Judged, rank
 from .env import Environment, Reset, StepResult
 from .evaluator import (Evaluator, EvaluatorCheckError, LocalEvaluator, MemoEvaluator, PoolEvaluator,
-                        check_evaluator)
+                        candidate_verdict, check_evaluator)
 from .front import ModelFront, ModelTurn, Usage
 from .outcome import (EndRun, ErrorInfo, InternalError, Interrupted, JudgeFailure, Outcome, RolloutError, Terminal,
                       Termination, Truncation)
@@ -29,4 +29,5 @@ from .outcome import (EndRun, ErrorInfo, InternalError, Interrupted, JudgeFailur
 __all__ = ["AgentProgress", "EndRun", "Engine", "EngineConfig", "Environment", "EpisodeResult", "ErrorInfo",
            "Evaluator", "EvaluatorCheckError", "InternalError", "Interrupted", "JudgeFailure", "Judged",
            "LocalEvaluator", "MemoEvaluator", "ModelFront", "ModelTurn", "Outcome", "PoolEvaluator", "Reset",
-           "RolloutError", "StepResult", "Terminal", "Termination", "Truncation", "Usage", "check_evaluator", "rank"]
+           "RolloutError", "StepResult", "Terminal", "Termination", "Truncation", "Usage", "candidate_verdict", "check_evaluator",
+           "rank"]

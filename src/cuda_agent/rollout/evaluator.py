@@ -15,7 +15,9 @@ Implementations: `LocalEvaluator` (a judge in this process, calls serialised), `
 an identical (task, candidate) is judged once), `remote.RemoteEvaluator` (a `cuda-agent serve`
 service) and `ray_judge.RayEvaluator` (the node's judge pool as a Ray actor). `check_evaluator`
 is the conformance check every implementation passes (Gymnasium's `check_env` idea): run it on
-your own evaluator with one honest and one broken candidate of a task.
+your own evaluator with one honest and one broken candidate of a task. The tools and the episodes
+ask through `candidate_verdict`, which never lets a verdict on the judge's own failure be scored as
+the candidate's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import threading
 from typing import ContextManager, Protocol, runtime_checkable
 
 from cuda_agent.candidate import Candidate
-from cuda_agent.judge import Judge, JudgeConfig, Verdict
+from cuda_agent.judge import FailureCategory, Judge, JudgeConfig, JudgeError, Verdict
 from cuda_agent.judge.builds import BuildOutcome
 from cuda_agent.tasks import Task
 
@@ -103,10 +105,30 @@ class PoolEvaluator(LocalEvaluator):
         return self.pool.submit(task, candidate).result()
 
 
+def candidate_verdict(evaluator: Evaluator, task: Task, candidate: Candidate, *, retries: int = 1) -> Verdict:
+    """`evaluator`'s verdict on the candidate, never one on the judge. A verdict whose failure is the
+    judge's own (`FailureCategory.JUDGE`: its worker died before any candidate code ran, the GPU was
+    out of memory at set-up, a bug of the judge) says nothing of the candidate and must not be scored
+    as its failure: it is asked again `retries` times (such failures are often passing: memory another
+    process held), then raised as `JudgeError`, which the tools turn into `JudgeFailure` (an episode
+    that measured nothing, dropped from training and retried by the agent's runner). A candidate that
+    provokes such a verdict on purpose gains nothing by it: its episode is dropped, never rewarded."""
+    for _ in range(retries + 1):
+        verdict = evaluator.evaluate(task, candidate)
+        if _about_the_candidate(verdict):
+            return verdict
+    raise JudgeError(f"the judge failed on {task.name} (not the candidate's doing), {retries + 1} times; the last: "
+                     f"{verdict.failure.message[:2000]}")
+
+
+def _about_the_candidate(verdict: Verdict) -> bool:
+    return verdict.failure is None or verdict.failure.category is not FailureCategory.JUDGE
+
+
 class MemoEvaluator:
     """Wraps an evaluator: an identical (task id, candidate hash) is judged once per wrapper (a
     training run, where many episodes write the same kernel). Verdicts are kept in memory; a
-    judge error is not remembered, so the next call asks again."""
+    judge error, or a verdict on the judge's own failure, is not remembered: the next call asks again."""
 
     def __init__(self, inner: Evaluator):
         self.inner = inner
@@ -129,8 +151,9 @@ class MemoEvaluator:
                 self.hits += 1
                 return self._memo[key]
         verdict = self.inner.evaluate(task, candidate)   # outside the lock: judgements overlap
-        with self._lock:
-            self._memo[key] = verdict
+        if _about_the_candidate(verdict):  # the judge's own failure is asked again next time
+            with self._lock:
+                self._memo[key] = verdict
         return verdict
 
     def build(self, candidate: Candidate, task: Task) -> BuildOutcome:

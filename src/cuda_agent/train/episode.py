@@ -27,7 +27,7 @@ from cuda_agent.judge import FailureCategory, Verdict
 from cuda_agent.reward import RewardConfig, reward_of
 from cuda_agent.rollout.engine import Engine, EngineConfig, EpisodeResult, Judged
 from cuda_agent.rollout.env import Environment
-from cuda_agent.rollout.evaluator import Evaluator
+from cuda_agent.rollout.evaluator import Evaluator, candidate_verdict
 from cuda_agent.rollout.outcome import EndRun, JudgeFailure, Outcome, Terminal, Truncation
 from cuda_agent.rollout.prompts import agentic_messages, extract_module, single_turn_messages
 from cuda_agent.rollout.tokens import ChatRenderer, Generation, TokenFront, TokenLimits, TokenPolicy, Tokens
@@ -174,7 +174,7 @@ def run_single_turn_episode(task: Task, evaluator: Evaluator, policy: TokenPolic
             why = f"not a candidate: {exc}"
         else:
             t0 = time.monotonic()
-            v = evaluator.evaluate(task, cand)
+            v = candidate_verdict(evaluator, task, cand)  # JudgeError: the episode measures nothing
             judge_s = time.monotonic() - t0
             judged.append(Judged(v, cand, reward_of(v, reward), 1))
     chosen = judged[0] if judged else None
