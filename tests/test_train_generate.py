@@ -600,3 +600,24 @@ def test_a_join_takes_an_answered_rows_place_without_a_rebuild(tiny):
         assert pol.stats.placed >= 1, pol.stats
     for prompt, gen in out["a"] + out["b"]:
         assert gap(model, prompt, gen) < 1e-4
+
+
+def test_generation_waits_for_a_judges_timed_call_on_its_device(tiny, tmp_path):
+    """The scheduler holds the device's judge lock shared for each step (on a GPU, by default, the
+    lock every judge of the machine takes there): while a judge holds it alone for a timed call, no
+    step runs, and the wait is counted."""
+    from cuda_agent.judge.devlock import DeviceLock
+
+    model, eos = tiny
+    lock = DeviceLock(tmp_path / "gpu.lock")
+    with HFPolicy(model, eos, seed=0, device="cpu", device_lock=lock.path) as policy:
+        out: list = []
+        with lock.hold(exclusive=True):   # a judge's timed call
+            t = threading.Thread(target=lambda: out.append(policy.generate([1, 2, 3], 4, 1.0)))
+            t.start()
+            t.join(0.5)
+            assert t.is_alive() and not out and policy.stats.decode_steps == 0
+        t.join(60)
+        assert out and len(out[0].token_ids) >= 1 and policy.stats.judge_wait_s >= 0.4
+    with HFPolicy(model, eos, seed=0, device="cpu") as policy:   # "auto": no lock off the GPU
+        assert policy._engine._device_lock is None

@@ -20,6 +20,13 @@ each call is a request to one scheduler thread, which owns the model while it ge
               right-aligned at the fill) or the batch is rebuilt (no free row for a join, a history
               longer than the fill, the slab full): leaving and most joins copy only their own KV
 
+On a GPU the scheduler holds the GPU's judge lock (`cuda_agent.judge.devlock`, the lock every CUDA
+judge of the machine takes) shared for each admission and decode step: a judge's timed call holds it
+alone, so on the one-GPU path no candidate is timed while the policy computes on the same GPU (its
+kernels would take the GPU's time slices and the judge would read an honest kernel several times
+slower). Generation waits for a timed call, at most one step's time; `GenStats.judge_wait_s` says
+how long in all.
+
 The log-probability returned for each token is that of the distribution it was sampled from, which
 is what `train.hf.token_logprobs` recomputes: logits from the model's lm_head in the model's dtype,
 then fp32, `allowed` restriction, temperature, log-softmax (no top-k/top-p).
@@ -42,19 +49,24 @@ the per-token log-probabilities are exact.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 import threading
 import time
 import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from cuda_agent.judge.devlock import DeviceLock, gpu_lock_path
 from cuda_agent.rollout.tokens import Generation
 from .fastdecode import FastDecoder, GraphedStep
 
@@ -128,6 +140,7 @@ class GenStats:
     evictions: int = 0               # session caches dropped for the memory cap
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    judge_wait_s: float = 0.0        # waiting for judges' timed calls on this GPU (its device lock)
 
     def record(self) -> dict:
         return asdict(self)
@@ -271,7 +284,7 @@ class _Engine:
 
     def __init__(self, model, eos_id: int, *, seed: int, device, allowed: list[int] | None, max_batch: int,
                  batch_wait_s: float, max_cache_tokens: int | None, prefill_chunk: int, ignore_eos: bool,
-                 fast_decode: bool = True, cuda_graphs: bool = True):
+                 fast_decode: bool = True, cuda_graphs: bool = True, device_lock: Path | None = None):
         if max_batch < 1 or prefill_chunk < 1 or batch_wait_s < 0:
             raise ValueError("max_batch and prefill_chunk must be >= 1 and batch_wait_s >= 0")
         self.model = model
@@ -307,6 +320,7 @@ class _Engine:
         self._fast_wanted = fast_decode and FastDecoder.supports(model)
         self._fast: FastDecoder | None = None   # built at the first decode step, dropped by clear()
         self._graphs = cuda_graphs and self._fast_wanted and self.device.type == "cuda"
+        self._device_lock = DeviceLock(device_lock) if device_lock is not None else None
         self._reset_batch()
 
     # -- called by other threads ------------------------------------------------------------------
@@ -362,15 +376,27 @@ class _Engine:
                 if admit is None:
                     break
                 try:
-                    if admit:
-                        self._admit(admit)
-                    if self._live:
-                        self._step()
+                    with self._judges_allow():
+                        if admit:
+                            self._admit(admit)
+                        if self._live:
+                            self._step()   # ends on a host sync: its kernels are done within the hold
                 except Exception as exc:   # a failed batch fails its requests, not the scheduler
                     self._fail_batch(admit, exc)
         self._fail_batch([], RuntimeError("the policy was closed while this request ran"))
         with self._cond:
             self._sessions.clear()
+
+    @contextlib.contextmanager
+    def _judges_allow(self):
+        """The GPU's judge lock held shared for one step (module docstring), the wait counted."""
+        if self._device_lock is None:
+            yield
+            return
+        t0 = time.monotonic()
+        with self._device_lock.hold(exclusive=False):
+            self.stats.judge_wait_s += time.monotonic() - t0
+            yield
 
     def _wait_for_work(self) -> list[_Request] | None:
         """Requests to admit now ([] to just decode the active rows); None once closed. Admission
@@ -688,6 +714,16 @@ class _Engine:
         req.done.set()
 
 
+def judges_lock(device: torch.device) -> Path | None:
+    """The lock file every CUDA judge of this machine takes for `device` (JudgeConfig.device_lock's
+    default: the GPU's entry in CUDA_VISIBLE_DEVICES, or its index); None off the GPU."""
+    if device.type != "cuda":
+        return None
+    visible = [v.strip() for v in (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",") if v.strip()]
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return gpu_lock_path(visible[index] if index < len(visible) else str(index))
+
+
 class HFPolicy:
     """`TokenPolicy` over a transformers causal LM on one device; see the module docstring.
 
@@ -698,14 +734,18 @@ class HFPolicy:
     on EOS, so every reply is `max_new_tokens` long; `fast_decode` runs decode steps through
     `fastdecode.FastDecoder` where it covers the model (plain Qwen2: ~4x fewer kernels a step);
     `cuda_graphs` replays those steps from a CUDA graph of each batch slab (on a GPU with FastDecoder
-    only; a capture that fails or replays other logits turns it off with a warning). Call `close()` when done (or use it as a context
+    only; a capture that fails or replays other logits turns it off with a warning); `device_lock`
+    is the lock held shared for each step ("auto": on a GPU, the one every judge of the machine on
+    that GPU takes, so no judge times a call while the policy computes there; None: none; or a lock
+    file's path). Call `close()` when done (or use it as a context
     manager); a forgotten close is caught when the policy is garbage-collected, and the scheduler is a
     daemon thread, so it never holds the process open."""
 
     def __init__(self, model, eos_id: int, *, seed: int = 0, device: str | torch.device = "cpu",
                  allowed: list[int] | None = None, max_batch: int = 32, batch_wait_s: float = 0.02,
                  max_cache_tokens: int | None = None, prefill_chunk: int = 2048, ignore_eos: bool = False,
-                 fast_decode: bool = True, cuda_graphs: bool = True):
+                 fast_decode: bool = True, cuda_graphs: bool = True,
+                 device_lock: Path | str | Literal["auto"] | None = "auto"):
         self.model = model
         self.eos_id = eos_id
         self.allowed = allowed
@@ -713,7 +753,9 @@ class HFPolicy:
         self._engine = _Engine(model, eos_id, seed=seed, device=self.device, allowed=allowed, max_batch=max_batch,
                                batch_wait_s=batch_wait_s, max_cache_tokens=max_cache_tokens,
                                prefill_chunk=prefill_chunk, ignore_eos=ignore_eos, fast_decode=fast_decode,
-                               cuda_graphs=cuda_graphs)
+                               cuda_graphs=cuda_graphs,
+                               device_lock=judges_lock(self.device) if device_lock == "auto"
+                               else None if device_lock is None else Path(device_lock))
         # Closes the engine when this object is collected; holds no reference to self.
         self._finalizer = weakref.finalize(self, _Engine.close, self._engine, False)
 
