@@ -251,3 +251,65 @@ def test_ray_places_judges_per_gpu_as_fractions_of_a_gpu(monkeypatch):
     for share in (1 / 3, 1.0):
         transport.start(WorkerSpec(role="judge", slot=0, config=cuda, share_device=share < 1, gpu_share=share))
     assert [a["num_gpus"] for a in asked] == [pytest.approx(1 / 3), 1.0]
+
+
+def test_a_wait_with_a_limit_names_the_processes_that_hold_the_lock(tmp_path):
+    lock = tmp_path / "gpu.lock"
+    proc, got, release = _start(lock, exclusive=True)
+    try:
+        assert got.wait(10)
+        from cuda_agent.judge.devlock import LockTimeout
+
+        t0 = time.monotonic()
+        with pytest.raises(LockTimeout) as exc:
+            with DeviceLock(lock).hold(exclusive=False, timeout=0.3):
+                pass
+        assert 0.3 <= time.monotonic() - t0 < 5 and proc.pid in exc.value.holders
+    finally:
+        release.set()
+        proc.join(10)
+    with DeviceLock(lock).hold(exclusive=True, timeout=5):   # free again: had at once
+        assert DeviceLock(lock).holders() == {os.getpid()}
+
+
+class _LockedOut:
+    """What CallLoop._hold_device reads of its loop: the lock, the limit and the candidate's processes."""
+
+    def __init__(self, lock: Path, candidate_pids: list[int], limit_s: float):
+        from types import SimpleNamespace
+
+        self.device_lock = DeviceLock(lock)
+        self.session = SimpleNamespace(proc=SimpleNamespace(pids=lambda: candidate_pids))
+        self._limit = limit_s
+
+    def _lock_limit_s(self) -> float:
+        return self._limit
+
+
+@pytest.mark.parametrize("held_by_candidate", [True, False])
+def test_a_call_never_waits_without_end_for_the_gpu_lock(tmp_path, held_by_candidate):
+    """A judge that is not root leaves its lock file within the candidate's reach: a candidate
+    process that holds it fails for tampering within about a second; a lock held by anything else
+    past the limit is the judge's failure (never a call that waits forever)."""
+    from cuda_agent.judge.calls import CallLoop
+    from cuda_agent.judge.evaluation import Stop
+    from cuda_agent.judge.verdict import FailureCategory as FC
+
+    lock = tmp_path / "gpu.lock"
+    proc, got, release = _start(lock, exclusive=True)
+    try:
+        assert got.wait(10)
+        loop = _LockedOut(lock, [proc.pid] if held_by_candidate else [], limit_s=2.5)
+        t0 = time.monotonic()
+        with pytest.raises(Stop) as stop:
+            with CallLoop._hold_device(loop, exclusive=True):
+                pass
+        waited = time.monotonic() - t0
+    finally:
+        release.set()
+        proc.join(10)
+    if held_by_candidate:
+        assert stop.value.failure.category is FC.TAMPERING and waited < 2.5
+    else:
+        assert stop.value.failure.category is FC.JUDGE and 2.5 <= waited < 8
+    assert str(proc.pid) in stop.value.failure.message

@@ -30,7 +30,7 @@ from .clocks import cpu_ns, own_run_delay_ns, thread_schedstat, waits_during
 from .compare import (CEILING_NOISE_MULTIPLE, NOISE_DOMINATED, PROBE_DELTA, PROBE_FLOOR, changed_input,
                       compare_outputs, degenerate_warnings, response_error)
 from .config import JudgeConfig
-from .devlock import DeviceLock
+from .devlock import DeviceLock, LockTimeout
 from .evaluation import Evaluation, Stop as _Stop
 from .protocol import MAX_KERNELS, Bandwidth, CallReply, Echo, KernelList, Reply
 from .reference import Reference, Setup, fresh_inputs, perturb_state, reference_draws, set_training, to_list
@@ -122,6 +122,32 @@ class CallLoop:
         self.roles: list[str] = []
         self.first_index = 0
 
+    def _lock_limit_s(self) -> float:
+        """The longest wait for the device's lock: several other judges' calls at their limit."""
+        return 4 * self.config.call_timeout_s + 30.0
+
+    @contextlib.contextmanager
+    def _hold_device(self, exclusive: bool):
+        """The device's lock for one call. Every second of waiting, who holds it is looked at: the
+        candidate's own process (a lock file of the judge's uid is within its reach when the judge
+        is not root) fails it at once; another judge's call lets it go within its own time limit (a
+        hung one is killed then), so a wait of several call limits is the judge's failure, never a
+        wait without end."""
+        limit = self._lock_limit_s()
+        until = time.monotonic() + limit
+        with contextlib.ExitStack() as held:
+            while True:
+                try:
+                    held.enter_context(self.device_lock.hold(exclusive=exclusive,
+                                                             timeout=min(1.0, max(until - time.monotonic(), 0.0))))
+                    break
+                except LockTimeout as exc:
+                    if exc.holders & set(self.session.proc.pids()):
+                        raise _Stop(FC.TAMPERING, f"the candidate process holds the judges' GPU lock ({exc})") from None
+                    if time.monotonic() >= until:
+                        raise _Stop(FC.JUDGE, f"the GPU's judge lock was not free within {limit:.0f} s: {exc}") from None
+            yield
+
     def run(self, roles: list[str], first_index: int = 0, compiling_calls: int = 0) -> tuple[list[float], list[float]]:
         """Run the calls. Every call: fresh inputs revealed only when its clock starts, the output
         compared here (unless `ev` is a baseline), the inputs read back and checked for modification.
@@ -138,7 +164,7 @@ class CallLoop:
                 if self.device_lock is not None:
                     held.close()  # the last call's hold; then this one's, alone for a timed call
                     t_wait = time.perf_counter()
-                    held.enter_context(self.device_lock.hold(exclusive=role == "timed"))
+                    held.enter_context(self._hold_device(exclusive=role == "timed"))
                     waited = time.perf_counter() - t_wait
                     self.split["device_wait"] += waited
                     self.deadline += waited  # another judge's call is not this candidate's time

@@ -9,7 +9,10 @@ another process's kernels gets the GPU's time slices, not the GPU, and reads sev
 What runs outside the calls (builds, starting a candidate's process) takes no lock.
 
 `flock` locks belong to open files, so the lock is released when the holder exits or is killed; a
-judge killed mid-call never leaves its device locked. A turnstile file in front of the lock keeps a
+judge killed mid-call never leaves its device locked. A judge waits for it with a limit, and looks
+at who holds it (/proc/locks) while it waits (calls.CallLoop): the lock file is the judge's uid's,
+which a candidate of a judge that is not root shares, and a candidate that takes it fails for
+tampering instead of stalling every judge of its GPU. A turnstile file in front of the lock keeps a
 waiting timed call from being starved by shared holders that keep overlapping: a judge that asks
 for the lock alone holds the turnstile while it waits, so new shared holders wait behind it.
 """
@@ -20,6 +23,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -32,15 +36,17 @@ class DeviceLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     @contextlib.contextmanager
-    def hold(self, exclusive: bool) -> Iterator[None]:
-        """Hold the device alone (`exclusive`) or together with other shared holders."""
+    def hold(self, exclusive: bool, timeout: float | None = None) -> Iterator[None]:
+        """Hold the device alone (`exclusive`) or together with other shared holders. With `timeout`
+        (seconds), `LockTimeout` if it is not had by then, naming the processes that hold it."""
+        until = None if timeout is None else time.monotonic() + timeout
         lock_fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             turnstile_fd = os.open(f"{self.path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                fcntl.flock(turnstile_fd, fcntl.LOCK_EX)
+                self._take(turnstile_fd, fcntl.LOCK_EX, until)
                 try:
-                    fcntl.flock(lock_fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                    self._take(lock_fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, until)
                 finally:
                     fcntl.flock(turnstile_fd, fcntl.LOCK_UN)
             finally:
@@ -48,6 +54,55 @@ class DeviceLock:
             yield
         finally:
             os.close(lock_fd)  # closing the file releases its lock
+
+    def _take(self, fd: int, mode: int, until: float | None) -> None:
+        if until is None:
+            fcntl.flock(fd, mode)
+            return
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= until:
+                    raise LockTimeout(self.path, self.holders()) from None
+                time.sleep(0.0005)
+
+    def holders(self) -> set[int]:
+        """The processes that hold a lock on this lock file or its turnstile (/proc/locks)."""
+        ids = set()
+        for path in (self.path, Path(f"{self.path}.turnstile")):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            ids.add((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+        pids = set()
+        try:
+            with open("/proc/locks") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            return pids
+        for line in lines:
+            parts = line.split()
+            if "->" in parts:   # a waiter, not a holder
+                continue
+            try:
+                major, minor, inode = parts[5].split(":")
+                if (int(major, 16), int(minor, 16), int(inode)) in ids:
+                    pids.add(int(parts[4]))
+            except (IndexError, ValueError):
+                continue
+        return pids
+
+
+class LockTimeout(Exception):
+    """A device lock that was not had within its time limit; `holders` are the processes holding it."""
+
+    def __init__(self, path: Path, holders: set[int]):
+        super().__init__(f"{path} was not free in time (held by process{'es' if len(holders) != 1 else ''} "
+                         f"{', '.join(map(str, sorted(holders))) or 'unknown'})")
+        self.holders = holders
 
 
 def _lock_folder() -> Path:

@@ -201,6 +201,10 @@ class Sandboxed:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def pids(self) -> list[int]:
+        """The processes of this sandbox: its session's, or every one of its uid."""
+        return _session_pids(self.pid, self.uid)
+
     def rss_mb(self) -> float:
         total = 0
         for pid in _session_pids(self.pid, self.uid):
