@@ -279,7 +279,8 @@ def verl_config_cmd(
 @train_app.command("toy")
 def toy_cmd(out_dir: Annotated[Path, typer.Argument(help="folder for the toy's model, task and settings")],
             seed: Annotated[int, typer.Option("--seed")] = 0,
-            steps: Annotated[int, typer.Option("--steps", min=1)] = 12,
+            steps: Annotated[int | None, typer.Option("--steps", min=1,
+                                                      help="PPO steps (default 12 for replies, 20 for calls)")] = None,
             kind: Annotated[str, typer.Option("--kind", help="replies: three tokens, each a whole reply; calls: "
                                               "five tokens, each one tool call, a reply a sampled sequence of "
                                               "them")] = "replies") -> None:
@@ -288,11 +289,11 @@ def toy_cmd(out_dir: Annotated[Path, typer.Argument(help="folder for the toy's m
     `cuda-agent train ppo --config OUT/toy.json --out OUT/run`: its mean reward must rise. It checks
     the gradient path, not CUDA skill."""
     _need_transformers()
-    from .toy import KINDS, build_toy
+    from .toy import DEFAULT_STEPS, KINDS, build_toy
 
     if kind not in KINDS:
         _fail(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    path = build_toy(out_dir, seed=seed, steps=steps, kind=kind)
+    path = build_toy(out_dir, seed=seed, steps=steps or DEFAULT_STEPS[kind], kind=kind)
     out.print(f"toy settings in {path}; run: cuda-agent train ppo --config {path} --out {out_dir / 'run'}")
 
 

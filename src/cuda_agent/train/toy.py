@@ -81,13 +81,20 @@ def call_actions() -> dict[str, str]:
 
 
 KINDS = ("replies", "calls")
+# The second check needs more samples than the first: a good reply is a sequence, and with eight
+# episodes a step its mean reward rose and fell back within 12 steps (H100 and CPU, the agent's
+# 6k-token prompt); with sixteen a step it rose from about -0.6 to about 1.5 by step 10 and held
+# there for both seeds tried (benchmarks/calls_check_sim.py: a scripted judge, a short prompt).
+DEFAULT_STEPS = {"replies": 12, "calls": 20}
+EPISODES_PER_STEP = {"replies": 8, "calls": 16}
 
 
-def build_toy(out: Path, *, seed: int = 0, steps: int = 12, kind: str = "replies") -> Path:
+def build_toy(out: Path, *, seed: int = 0, steps: int | None = None, kind: str = "replies") -> Path:
     """Write OUT/model (the tiny model with the action tokens of `kind`), OUT/task.py and OUT/toy.json
     (settings for `cuda-agent train ppo --config OUT/toy.json`). Returns the settings file."""
     if kind not in KINDS:
         raise ValueError(f"toy kind {kind!r}: choose one of {', '.join(KINDS)}")
+    steps = steps or DEFAULT_STEPS[kind]
     from tokenizers import AddedToken
 
     from .tiny import build_tiny
@@ -105,8 +112,9 @@ def build_toy(out: Path, *, seed: int = 0, steps: int = 12, kind: str = "replies
     tok.save_pretrained(out / "model")
     settings = {
         "train": {
-            "model": str(out / "model"), "tasks": str(task), "seed": seed, "steps": steps, "episodes_per_step": 8,
-            "concurrency": 4, "judge_memo": True, "allowed_tokens": list(acts.values()),
+            "model": str(out / "model"), "tasks": str(task), "seed": seed, "steps": steps,
+            "episodes_per_step": EPISODES_PER_STEP[kind], "concurrency": 4, "judge_memo": True,
+            "allowed_tokens": list(acts.values()),
             # `calls`: up to 4 calls a reply; two turns hold the three writes and the submit
             "episode": {"max_turns": 2, "turn_tokens": 1 if kind == "replies" else 4, "temperature": 1.0},
             "optim": {"actor_lr": 3e-3, "critic_lr": 3e-3, "micro_batch": 4},
