@@ -313,3 +313,13 @@ def test_a_call_never_waits_without_end_for_the_gpu_lock(tmp_path, held_by_candi
     else:
         assert stop.value.failure.category is FC.JUDGE and 2.5 <= waited < 8
     assert str(proc.pid) in stop.value.failure.message
+
+
+def test_the_trainers_gpu_lock_is_the_one_its_judges_take():
+    """HFPolicy takes `gpu_lock_of(its device index)`; a judge takes `gpu_lock_path(CUDA_VISIBLE_DEVICES)`
+    (the GPU it sees first): for the same physical GPU they are the same file."""
+    from cuda_agent.judge.devlock import gpu_lock_of
+
+    assert gpu_lock_of(0, "3,5") == gpu_lock_path("3,5") == gpu_lock_path("3")
+    assert gpu_lock_of(1, "3,5") == gpu_lock_path("5")
+    assert gpu_lock_of(0, "") == gpu_lock_path(None) and gpu_lock_of(2, "") == gpu_lock_path("2")

@@ -126,6 +126,15 @@ def gpu_lock_path(visible: str | None) -> Path:
     return _lock_folder() / f"gpu-{_first_gpu(visible)}.lock"
 
 
+def gpu_lock_of(index: int, visible: str | None = None) -> Path:
+    """The lock of this process's GPU `index` (its entry in `visible`, by default this process's
+    CUDA_VISIBLE_DEVICES, else the index itself): the lock every judge on that GPU takes."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    return gpu_lock_path(entries[index] if index < len(entries) else str(index))
+
+
 def counters_lock(visible: str | None = None) -> DeviceLock:
     """Nsight Compute's lock of the GPU a process sees first (`visible`, by default this process's
     CUDA_VISIBLE_DEVICES, which the ncu it starts inherits). A GPU's performance counters serve

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import threading
 import time
 import warnings
@@ -66,7 +65,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from cuda_agent.judge.devlock import DeviceLock, gpu_lock_path
+from cuda_agent.judge.devlock import DeviceLock, gpu_lock_of
 from cuda_agent.rollout.tokens import Generation
 from .fastdecode import FastDecoder, GraphedStep
 
@@ -714,16 +713,6 @@ class _Engine:
         req.done.set()
 
 
-def judges_lock(device: torch.device) -> Path | None:
-    """The lock file every CUDA judge of this machine takes for `device` (JudgeConfig.device_lock's
-    default: the GPU's entry in CUDA_VISIBLE_DEVICES, or its index); None off the GPU."""
-    if device.type != "cuda":
-        return None
-    visible = [v.strip() for v in (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",") if v.strip()]
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return gpu_lock_path(visible[index] if index < len(visible) else str(index))
-
-
 class HFPolicy:
     """`TokenPolicy` over a transformers causal LM on one device; see the module docstring.
 
@@ -750,12 +739,13 @@ class HFPolicy:
         self.eos_id = eos_id
         self.allowed = allowed
         self.device = torch.device(device)
+        if device_lock == "auto":   # the lock every judge of the machine takes on this GPU; none off it
+            device_lock = None if self.device.type != "cuda" else gpu_lock_of(
+                torch.cuda.current_device() if self.device.index is None else self.device.index)
         self._engine = _Engine(model, eos_id, seed=seed, device=self.device, allowed=allowed, max_batch=max_batch,
                                batch_wait_s=batch_wait_s, max_cache_tokens=max_cache_tokens,
                                prefill_chunk=prefill_chunk, ignore_eos=ignore_eos, fast_decode=fast_decode,
-                               cuda_graphs=cuda_graphs,
-                               device_lock=judges_lock(self.device) if device_lock == "auto"
-                               else None if device_lock is None else Path(device_lock))
+                               cuda_graphs=cuda_graphs, device_lock=None if device_lock is None else Path(device_lock))
         # Closes the engine when this object is collected; holds no reference to self.
         self._finalizer = weakref.finalize(self, _Engine.close, self._engine, False)
 
