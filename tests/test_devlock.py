@@ -160,12 +160,12 @@ class _RecordingLock(DeviceLock):
         super().__init__(path)
         self.record, self.guard = record, guard
 
-    def hold(self, exclusive: bool):
+    def hold(self, exclusive: bool, timeout: float | None = None):
         import contextlib
 
         @contextlib.contextmanager
         def held():
-            with super(_RecordingLock, self).hold(exclusive):
+            with super(_RecordingLock, self).hold(exclusive, timeout):
                 t0 = time.monotonic()
                 try:
                     yield
