@@ -153,7 +153,7 @@ class JudgeConfig(BaseModel):
         None, description="lock file shared by the judges of one device (judge/devlock.py): each timed call "
                           "holds it alone, every other call shares it, so several judges can check candidates "
                           "on one GPU while timed calls run by themselves. None: on CUDA, the lock of the GPU "
-                          "the process sees first (devlock.gpu_lock_path), which every judge of the machine on "
+                          "the process sees first (devlock.gpu_lock_of(0)), which every judge of the machine on "
                           "that GPU takes; on the CPU backend, none (the pool sets the host's)")
     timing_rel_slack: float | None = Field(
         None, description="outside clock may exceed the claimed time by this fraction "

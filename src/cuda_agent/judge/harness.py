@@ -56,7 +56,7 @@ from .calls import CallLoop
 from .sol import task_speed_of_light
 from .config import JudgeConfig
 from .cudaipc import CudaIpcError, SharedGpuBuffer
-from .devlock import DeviceLock, gpu_lock_path
+from .devlock import DeviceLock, gpu_lock_of
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
 from .protocol import Channel, DataPlane, InitRequest, Loading, LoadInline, Ready, parse_loading
 from .reference import Reference, Setup, make_setup, rebuild, reference_ops
@@ -142,9 +142,10 @@ class Judge:
         # Judges sharing this device: timed calls hold it alone, other calls share it (devlock.py).
         # On CUDA every judge takes its GPU's lock unless told another: two judges of this machine
         # (two test workers, a benchmark beside a training run) never time a call beside the other's.
+        # The same function names the lock the trainer's generation takes (train/generate.py).
         lock = config.device_lock
         if lock is None and self.device == "cuda":
-            lock = gpu_lock_path(os.environ.get("CUDA_VISIBLE_DEVICES"))
+            lock = gpu_lock_of(0)
         self._device_lock = DeviceLock(lock) if lock else None
         # CUDA processes flush the L2 again once a call's inputs are written (JudgeConfig.flush_after_inputs:
         # "on", "auto" (inputs over the L2's size) or "off")
