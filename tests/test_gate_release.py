@@ -288,15 +288,15 @@ def test_a_kept_gpu_region_is_lent_zeroed_to_each_process_and_grown_when_a_task_
             gated = [c for c in v.calls if c.role == "timed" and c.stream_ms is not None]
             assert gated and all(c.lag_ms is not None and c.run_delay_ms is not None and c.run_delay_ms >= 0
                                  for c in gated), [(c.lag_ms, c.run_delay_ms) for c in gated]
-        kept = judge._kept_region
-        assert kept is not None and kept.ptr is not None and judge._region_loan.ptr is None  # the loan is back
+        kept = judge.starter.kept_region
+        assert kept is not None and kept.ptr is not None and judge.starter.region_loan.ptr is None  # the loan is back
         sizes.append((kept.ptr, kept.nbytes))
     # the same memory from one process to the next unless a task needed more
     assert all(a[0] == b[0] for a, b in zip(sizes, sizes[1:]) if a[1] == b[1]) and sizes[-1] == sizes[-2]
-    assert bool(judge._kept_region.tensor.any())  # the last process's calls left their data
-    loan = judge._kept_region.lend()
+    assert bool(judge.starter.kept_region.tensor.any())  # the last process's calls left their data
+    loan = judge.starter.kept_region.lend()
     try:
-        assert loan.ptr == judge._kept_region.ptr and not bool(loan.tensor.any())
+        assert loan.ptr == judge.starter.kept_region.ptr and not bool(loan.tensor.any())
     finally:
         loan.close()
-    assert judge._kept_region.ptr is not None  # returning a loan frees nothing
+    assert judge.starter.kept_region.ptr is not None  # returning a loan frees nothing

@@ -160,7 +160,7 @@ def test_a_worker_that_dies_before_the_candidates_code_ran_is_the_judges_failure
     import socket
     import time
 
-    from cuda_agent.judge.harness import Judge
+    from cuda_agent.judge.starter import Starter
     from cuda_agent.judge.protocol import Channel
     from cuda_agent.judge.session import Session
 
@@ -170,7 +170,7 @@ def test_a_worker_that_dies_before_the_candidates_code_ran_is_the_judges_failure
         Channel(theirs).send({"op": "loading"})
     theirs.close()
     with pytest.raises(Stop) as stop:  # the harness's loop while the candidate loads (no build asked: no self)
-        Judge._serve_init(None, session, None, time.monotonic() + 5)
+        Starter.serve_init(None, session, None, time.monotonic() + 5)
     assert session.candidate_code is loading
     assert stop.value.failure.category is (FC.CRASH if loading else FC.JUDGE), stop.value.failure
     assert "out of memory" in stop.value.failure.message

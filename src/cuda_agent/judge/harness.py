@@ -3,6 +3,7 @@
 
     evaluation.py  the state of one run (candidate, reference check or baseline) and its verdict
     session.py     one worker process under the call protocol: channel, data plane, health watch
+    starter.py     how a process gets to its first call: GPU region, files, init request, ModelNew
     calls.py       the calls of one run: fresh inputs, the reference's outputs, each call's checks
     clocks.py      the judge's clocks of a candidate process (/proc, the process CPU clock)
     supply.py      worker processes: spares started ahead of need, the zygote, uid rotation
@@ -33,7 +34,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -45,9 +45,7 @@ from cuda_agent.candidate import Candidate
 from cuda_agent.hardware.sol import floor_breach
 from cuda_agent.tasks import Task
 
-from . import launches as ln
 from . import memcheck as mc
-from . import observer as obs
 from . import policy as pol
 from .baselines import (Baseline as _Baseline, BaselineCache, BaselineKey, BaselineStore, FileBaselineStore,
                         baseline_source)
@@ -55,15 +53,13 @@ from .builds import BuildOutcome, Builder, BuildPlan, CandidateBuilds, build_arc
 from .calls import CallLoop
 from .sol import task_speed_of_light
 from .config import JudgeConfig
-from .cudaipc import CudaIpcError, SharedGpuBuffer
 from .devlock import DeviceLock, gpu_lock_of
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
-from .protocol import Channel, DataPlane, InitRequest, Loading, LoadInline, Ready, parse_loading
 from .reference import Reference, Setup, make_setup, rebuild, reference_ops
-from .sandbox import SandboxError, is_root, seccomp_problem, work_root_dir
+from .sandbox import SandboxError, is_root, work_root_dir
 from .session import Session
+from .starter import Starter
 from .supply import WorkerSupply, ZygoteHolder
-from .tensorio import pack, packed_end
 from .timing import reconcile, summarize
 from .verdict import Failure, FailureCategory as FC, Verdict
 from .verdict_cache import VerdictCache
@@ -135,9 +131,6 @@ class Judge:
         self._references: dict[str, Reference] = {}
         self.builds = CandidateBuilds(self.builder, self.device, config.policy)
         self.supply.launches_library = self.builds.launches_library
-        # JudgeConfig.keep_gpu_plane: the GPU region kept from one process to the next, and its loan
-        self._kept_region: SharedGpuBuffer | None = None
-        self._region_loan: SharedGpuBuffer | None = None
         self._vendor: dict[str, frozenset[str]] = {}   # task id -> vendor libraries its candidates may call
         # Judges sharing this device: timed calls hold it alone, other calls share it (devlock.py).
         # On CUDA every judge takes its GPU's lock unless told another: two judges of this machine
@@ -147,11 +140,8 @@ class Judge:
         if lock is None and self.device == "cuda":
             lock = gpu_lock_of(0)
         self._device_lock = DeviceLock(lock) if lock else None
-        # CUDA processes flush the L2 again once a call's inputs are written (JudgeConfig.flush_after_inputs:
-        # "on", "auto" (inputs over the L2's size) or "off")
-        self._flushes_inputs = config.flush_after_inputs if self.device == "cuda" and config.flush_l2 else "off"
-        # ... and read a byte of every page the call will stream (JudgeConfig.touch_pages)
-        self._touches_pages = self.device == "cuda" and config.touch_pages
+        # How a process gets to its first call (starter.py): the GPU region, the files, the init request
+        self.starter = Starter(config, self.device, self.supply, self.builds)
         self.verdicts = None
         if config.verdict_cache:
             self.verdicts = VerdictCache(config.cache_dir / "verdicts", settings=config.model_dump(mode="json"), machine={
@@ -183,7 +173,7 @@ class Judge:
                 raise _Stop(FC.MISMATCH, f"the reference draws random numbers ({setup.randomness}: outputs differ "
                                          f"between two runs of the same inputs); a task must be deterministic")
             deadline = t0 + cfg.total_timeout_s
-            session = self._start(task, baseline_source("eager", setup.outputs), None, setup, ev, deadline)
+            session = self.starter.start(task, baseline_source("eager", setup.outputs), None, setup, ev, deadline)
             try:
                 roles = ["check"] * cfg.n_check + ["warmup"] * cfg.n_warmup + ["timed"] * cfg.n_timed
                 inside, _ = self._drive(session, ref, setup, roles, ev, deadline)
@@ -256,27 +246,7 @@ class Judge:
         self._references.clear()
         self.supply.close()
         self._build_zygote.close()
-        if self._kept_region is not None:  # no process maps it any more: the supply's workers are gone
-            self._kept_region.close()
-            self._kept_region = None
-
-    def _gpu_region(self, nbytes: int) -> SharedGpuBuffer:
-        """The GPU region of a new candidate or baseline process: its own allocation, freed when the
-        process is gone, or (JudgeConfig.keep_gpu_plane) a loan of the one this judge keeps, zeroed
-        first, so that no free on the GPU precedes the process's calls. The kept region grows when
-        a task needs more; a loan still out (sessions overlap) gets an allocation of its own."""
-        if not self.config.keep_gpu_plane:
-            return SharedGpuBuffer.create(nbytes)
-        kept = self._kept_region
-        if kept is not None and self._region_loan is not None and self._region_loan.ptr is not None:
-            return SharedGpuBuffer.create(nbytes)
-        if kept is None or kept.nbytes < nbytes:
-            if kept is not None:
-                self._kept_region = None
-                kept.close()
-            self._kept_region = kept = SharedGpuBuffer.create(nbytes)
-        self._region_loan = kept.lend()
-        return self._region_loan
+        self.starter.close()
 
     def standby_pids(self) -> set[int]:
         """Processes this judge keeps between evaluations on purpose: its spare workers (which run no
@@ -328,7 +298,7 @@ class Judge:
         v.seeds = {"init": setup.init_seed}
         t_phase = time.monotonic()
         built_before = v.phase_s.get("build") or 0.0
-        session = self._start(task, cand.model_new, library, setup, ev, deadline)
+        session = self.starter.start(task, cand.model_new, library, setup, ev, deadline)
         v.isolation = session.proc.isolation
         v.reduced_isolation = session.reduced_isolation
         # load_inline builds happen while the candidate starts; they count as build, not start
@@ -438,7 +408,7 @@ class Judge:
         session.close()
         rebuild(setup, ref, self.config)  # a stateful reference starts over with the fresh ModelNew
         judge_null = self._baseline(task, ref, "null", ev, judge_release=True)
-        fresh = self._start(task, cand.model_new, library, setup, ev, deadline, judge_release=True)
+        fresh = self.starter.start(task, cand.model_new, library, setup, ev, deadline, judge_release=True)
         fresh.rel_l2_bounds, fresh.paired = bounds, paired
         if not fresh.judge_release:  # the new process could not take the judge's release after all
             return fresh, null
@@ -455,87 +425,6 @@ class Judge:
                          busiest_ms=session.busiest_ms if self.device == "cpu" else None,
                          wall_ms=session.wall_ms if self.device == "cpu" else None, waited_ms=session.waited_ms,
                          wall_overhead_ms=null.wall_overhead_ms, wall_steady=session.wall_steady)
-
-    def _start(self, task: Task, model_new: str, library: Path | None, setup: Setup, ev: Evaluation,
-               deadline: float, judge_release: bool | None = None) -> Session:
-        """Start a process running `model_new` under the call protocol for `ev` (a candidate, a
-        reference check or a baseline) and construct its ModelNew. `judge_release`: whether the
-        judge opens each call's gate where it can (default: JudgeConfig.gate_release)."""
-        cfg = self.config
-        if judge_release is None:
-            judge_release = cfg.gate_release == "judge"
-        trusted = ev.trusted
-        if not trusted and seccomp_problem():  # the judge's own check: a candidate cannot fake it
-            raise _Stop(FC.JUDGE, seccomp_problem())
-        # The output half holds exactly what a correct candidate returns (plus slack); anything
-        # larger is wrong anyway and is reported as such by the candidate's own harness.
-        plane = DataPlane.create(setup.in_bytes, setup.out_bytes + (1 << 20))
-        shared = None
-        if self.device == "cuda":
-            try:
-                shared = self._gpu_region(plane.size)
-            except CudaIpcError as exc:
-                ev.note_gpu_plane_problem(str(exc))
-                plane.pin()
-        stage = cfg.stage_inputs and shared is not None  # the process asked to stage each call's inputs
-        try:
-            proc, chan = self._spawn(task, model_new, plane, library, ev)
-        except BaseException:
-            plane.close()
-            if shared is not None:
-                shared.close()
-            raise
-        session = Session(proc, chan, plane, shared, memory_limit_mb=cfg.memory_limit_mb,
-                          disk_limit_mb=cfg.disk_limit_mb, trusted=trusted)
-        try:
-            init_meta = pack(setup.init_args, plane.view, 0, plane.in_size)
-            init_end = packed_end(init_meta)  # tensors nested in containers count too
-            start = (init_end + 63) // 64 * 64
-            state_meta = pack(setup.state_values, plane.view, start, plane.in_size - start)
-            init = InitRequest(
-                device=self.device, candidate_path=str(proc.spec.workdir / "model_new.py"),
-                reference_path=str(proc.spec.workdir / "model.py"),
-                library=str(proc.spec.workdir / "cuda_extension.so") if library else None,
-                init_args=init_meta, state=state_meta, state_names=setup.state_names,
-                init_seed=setup.init_seed, flush=cfg.flush_l2, flush_inputs=self._flushes_inputs,
-                touch_pages=self._touches_pages, trusted=trusted,
-                stage_inputs=setup.call_in_bytes if stage else 0,
-                observer=str(proc.spec.workdir / obs.FILE), policy=cfg.policy,
-                launches=str(proc.spec.workdir / ln.FILE) if (proc.spec.workdir / ln.FILE).exists() else None,
-                poison_bytes=setup.out_bytes if self.device == "cuda" and cfg.poison_outputs else 0,
-                gpu_plane=shared.handle.hex() if shared is not None else None,
-                require=proc.required_isolation())
-            chan.send(dict(init))
-            session.ready = self._serve_init(session, ev, min(deadline, time.monotonic() + cfg.init_timeout_s))
-            session.judge_release = (judge_release and shared is not None
-                                     and session.ready.gpu_plane and session.ready.judge_release)
-            session.staged = stage and session.ready.gpu_plane and session.ready.staged_inputs
-            if stage and session.ready.staging_error:
-                ev.verdict.notes.append("inputs not staged in the process's memory (calls read the shared region): "
-                                        + session.ready.staging_error[:200])
-            if self.device == "cuda" and session.ready.launch_observer:
-                ev.verdict.notes.append("kernels listed on the checked calls only (PyTorch's profiler), not on every "
-                                        "call: " + str(self.builds.launches_problem
-                                                       or session.ready.launch_observer)[:200])
-            if shared is not None and not session.ready.gpu_plane:
-                # The process could not map the GPU region: calls go through the host plane.
-                ev.note_gpu_plane_problem(str(session.ready.gpu_plane_error)[:300])
-                shared.close()
-                session.shared = None
-                plane.pin()
-            proc.probe_isolation()
-            if not trusted:
-                # The kernel's record, not the process's word: a candidate whose isolation is
-                # incomplete may have done anything, so its numbers are not a verdict.
-                missing, session.reduced_isolation = proc.isolation_gaps(session.ready.audit_hook,
-                                                                        session.ready.landlock)
-                if missing:
-                    raise _Stop(FC.JUDGE, "isolation of the candidate process was incomplete, so its results "
-                                          "cannot be trusted: missing " + "; ".join(missing))
-        except BaseException:
-            session.close()
-            raise
-        return session
 
     def _drive(self, session: Session, ref: Reference, setup: Setup, roles: list[str], ev: Evaluation,
                deadline: float, first_index: int = 0, compiling_calls: int = 0) -> tuple[list[float], list[float]]:
@@ -554,19 +443,9 @@ class Judge:
         cfg = self.config
         if judge_release is None:
             judge_release = cfg.gate_release == "judge"
-        # The protocol's cost on the judge's clock depends on who opens the gate: its own key.
-        keyed = f"{mode}+judge-release" if self.device == "cuda" and judge_release else mode
-        if self._flushes_inputs != "off" and not judge_release:  # (the judge's release writes inputs after it)
-            # the flush moves the times too (and old keys stay as they were)
-            keyed += "+flush-inputs" if self._flushes_inputs == "on" else "+flush-inputs-auto"
-        if self._touches_pages and not judge_release:
-            keyed += "+touch-pages"
-        if self.device == "cuda" and not cfg.poison_outputs:
-            keyed += "+no-poison"
-        if self.device == "cuda" and cfg.stage_inputs and not judge_release:
-            keyed += "+staged"  # the calls read inputs in the process's own memory: faster for large ones
         bkey = BaselineKey(harness_version=_HARNESS_VERSION, task_id=task.id, device_name=self.device_name,
-                           torch_version=torch.__version__, mode=keyed, flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
+                           torch_version=torch.__version__, mode=mode + self.starter.variant(judge_release),
+                           flush_l2=cfg.flush_l2, n_timed=cfg.n_timed,
                            n_warmup=cfg.n_warmup)
         known = self.baselines.get(bkey)
         if known is not None and mode == "null" and self.device == "cpu" and known.wall_overhead_ms is None:
@@ -583,7 +462,7 @@ class Judge:
             setup = make_setup(task, ref, secrets.randbits(31), cfg)
             source = baseline_source(mode, setup.outputs)
             try:
-                session = self._start(task, source, None, setup, run, time.monotonic() + cfg.total_timeout_s,
+                session = self.starter.start(task, source, None, setup, run, time.monotonic() + cfg.total_timeout_s,
                                       judge_release=judge_release)
             except _Stop as stop:
                 raise JudgeError(f"task {task.name}: {mode} baseline failed: {stop.failure.message}") from None
@@ -626,44 +505,6 @@ class Judge:
         if ref is None:
             ref = self._references[task.id] = Reference(task)
         return ref
-
-    def _spawn(self, task: Task, model_new: str, plane: DataPlane, library: Path | None, ev: Evaluation):
-        """A worker from the supply, given the files of this run: the observer, `model_new`, the
-        reference and the workspace's library."""
-        proc, sock = self.supply.take(plane, ev.live)
-        workdir = proc.spec.workdir
-        # The judge's operator observer, loaded by the worker before anything of the task. Owned by
-        # the judge (not chowned): the candidate's uid cannot rewrite it.
-        shutil.copy2(self.builds.observer_library(), workdir / obs.FILE)
-        self.supply.place_launches(workdir)
-        (workdir / "model_new.py").write_text(model_new)
-        (workdir / "model.py").write_text(task.source)
-        if library is not None:
-            shutil.copy2(library, workdir / "cuda_extension.so")
-        if proc.uid is not None:
-            for name in ("model_new.py", "model.py", "cuda_extension.so"):
-                if (workdir / name).exists():
-                    os.chown(workdir / name, proc.uid, proc.uid)
-        proc.reset_disk_baseline()
-        return proc, Channel(sock)
-
-    def _serve_init(self, session: Session, ev: Evaluation, deadline: float) -> Ready:
-        """Wait for the worker's ModelNew, building what its load_inline calls ask for meanwhile."""
-        while True:
-            msg = session.recv(deadline, "loading the candidate", parse_loading)
-            if isinstance(msg, Loading):
-                session.candidate_code = True
-                continue
-            if isinstance(msg, LoadInline):
-                started = time.monotonic()
-                session.chan.send(dict(self.builds.serve(msg.request, session.proc, ev)))
-                # compile time has its own limit (build_timeout_s); it does not count as loading time
-                deadline += time.monotonic() - started
-                continue
-            if not msg.ok:
-                ev.reported_error(msg, setup=True)
-            ev.note_blocked(msg)
-            return msg
 
 
 def judge(task: Task, candidate: Candidate, config: JudgeConfig | None = None) -> Verdict:
