@@ -71,9 +71,12 @@ def test_worker_supply_uids_and_the_zygote_rule(tmp_path):
     assert ZygoteHolder(cfg.model_copy(update={"device": "cuda", "use_zygote": True})).wanted
     off = ZygoteHolder(JudgeConfig(device="cpu", use_zygote=False))
     assert off() is None and off.pid is None
-    # build jobs never initialise CUDA: their zygote follows `build_zygote` where it is set
+    # build jobs never initialise CUDA: forked on both backends by default, `build_zygote` where set,
+    # off where zygotes are switched off
     cuda = cfg.model_copy(update={"device": "cuda"})
-    assert not ZygoteHolder(cuda, builds=True).wanted
+    assert ZygoteHolder(cuda, builds=True).wanted and ZygoteHolder(cfg, builds=True).wanted
+    assert not ZygoteHolder(cuda.model_copy(update={"use_zygote": False}), builds=True).wanted
+    assert not ZygoteHolder(cuda.model_copy(update={"build_zygote": False}), builds=True).wanted
     assert ZygoteHolder(cuda.model_copy(update={"build_zygote": True}), builds=True).wanted
     assert not ZygoteHolder(cuda.model_copy(update={"build_zygote": True})).wanted   # workers: use_zygote's
     assert not ZygoteHolder(cfg.model_copy(update={"build_zygote": False}), builds=True).wanted

@@ -181,7 +181,7 @@ class JudgeConfig(BaseModel):
                            "10-100x slower than usual")
     build_timeout_s: float = Field(300.0, description="limit on one build")
     light_cuda_headers: bool = Field(
-        False, description="build a .cu that includes <torch/extension.h> first with a stand-in of the judge's "
+        True, description="build a .cu that includes <torch/extension.h> first with a stand-in of the judge's "
                            "(<torch/types.h>: no C++ frontend modules, no pybind11), which nvcc's front ends parse "
                            "in about a third of the time; a file that needs more is built again with torch's own "
                            "header, whose errors are the ones reported")
@@ -213,8 +213,9 @@ class JudgeConfig(BaseModel):
                           "milliseconds, not seconds); default: on for the cpu backend, off for cuda")
     build_zygote: bool | None = Field(
         None, description="fork build jobs from a process that has imported torch and its extension builder once "
-                          "(saves each build the interpreter's start, ~2 s); default: as use_zygote. Build jobs "
-                          "never initialise CUDA, so this can be on for cuda while workers start fresh")
+                          "(saves each build the interpreter's start, ~2 s); default: on, off where use_zygote is "
+                          "set to false. Build jobs never initialise CUDA, so this is on for cuda too, where "
+                          "workers start fresh")
     spares: int = Field(2, ge=0, le=8, description=(
         "cuda backend: worker processes started ahead of need (torch imported, GPU context and profiler "
         "ready, ~10 s each); each holds a GPU context while it waits. Back-to-back evaluations shorter "

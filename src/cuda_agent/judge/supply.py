@@ -35,10 +35,14 @@ class ZygoteHolder:
     so on CUDA the spares start fresh interpreters instead."""
 
     def __init__(self, config: JudgeConfig, builds: bool = False):
-        """`builds`: the zygote of build jobs, which `JudgeConfig.build_zygote` decides where set."""
+        """`builds`: the zygote of build jobs (JudgeConfig.build_zygote; on by default on both backends)."""
         self.device = config.device
-        choice = config.build_zygote if builds and config.build_zygote is not None else config.use_zygote
-        self.wanted = choice if choice is not None else config.device == "cpu"
+        if builds:
+            # build jobs never initialise CUDA: forked on either backend unless zygotes are switched off
+            choice = config.build_zygote if config.build_zygote is not None else config.use_zygote is not False
+        else:
+            choice = config.use_zygote if config.use_zygote is not None else config.device == "cpu"
+        self.wanted = choice
         self._zygote: Zygote | None = None
 
     def __call__(self) -> Zygote | None:
