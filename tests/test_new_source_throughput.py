@@ -63,3 +63,34 @@ def test_report_only_reads_what_out_holds(tmp_path):
     (out / nst.REPORT_FILE).write_text(json.dumps({"wall_s": 360.0, "gpus": 1, "judge_workers": 1}))
     r = nst.run(nst.parse_args(["--out", str(out), "--report-only"]))
     assert r["candidates"] == 3 and r["per_gpu_hour"] == pytest.approx(30.0)
+
+
+def test_a_run_reads_the_corpus_builds_its_config_and_reports_even_when_cut_short(tmp_path, monkeypatch):
+    """The run's own steps with the pool stood in (it judges in the fidelity tests and on the GPU):
+    the corpus read and sampled, the judge settings from -c, a cold cache under OUT, and a report
+    that a run killed by a time limit still gets from --report-only (its judges and wall time)."""
+    from test_fidelity import make_corpus
+
+    corpus = make_corpus(tmp_path / "corpus")
+    seen = {}
+
+    def judge_records(records, out, config, pool_config, done):
+        seen.update(keys=[r.key for r in records], config=config, judges=pool_config.judges_per_gpu)
+        start = json.loads((out / nst.REPORT_FILE).read_text())["started_at"]
+        with open(out / nst.fidelity.VERDICTS_FILE, "a") as fh:
+            for k, r in enumerate(records):
+                fh.write(json.dumps(_entry(r.key, r.task_name, start + 10.0 * (k + 1),
+                                           _verdict(True, 5.0, build=1.0, calls=2.0))) + "\n")
+        raise KeyboardInterrupt   # the time limit's kill, before the run writes its report
+
+    monkeypatch.setattr(nst.fidelity, "judge_records", judge_records)
+    out = tmp_path / "out"
+    args = nst.parse_args(["--corpus", str(corpus), "--out", str(out), "--sample", "3", "--device", "cpu",
+                           "--judges-per-gpu", "2", "-c", "n_timed=7"])
+    with pytest.raises(KeyboardInterrupt):
+        nst.run(args)
+    assert len(seen["keys"]) == 3 and seen["config"].n_timed == 7 and seen["judges"] == 2
+    assert seen["config"].cache_dir == out / "cache" and (out / "work").is_dir()
+    r = nst.run(nst.parse_args(["--out", str(out), "--report-only"]))
+    assert r["candidates"] == 3 and r["wall_s"] == pytest.approx(30.0, abs=1.0)
+    assert r["per_gpu_hour"] == pytest.approx(3 / (r["wall_s"] / 3600)) and r["settings"]["n_timed"] == 7

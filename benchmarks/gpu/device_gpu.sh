@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu/device_gpu.sh STAGE [OUT_DIR]
 #   bash benchmarks/gpu/device_gpu.sh pair STAGE_ON_GPU0 STAGE_ON_GPU1 [OUT_DIR]
 # Stages: smoke, tier (= prebuild+tiertests), pack-cache, timing, release, flush, timingdiag, keepplane, memdiag, plane,
-# fidelity, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
+# fidelity, newsource, steps, filestep, start, bench, hwtruth, throughput, synth, probe;
 # A+B runs A, then B.
 # `pair` runs two stages at once on a two-GPU machine, each on its own GPU and half of the cores
 # (OUT_DIR/gpu0, OUT_DIR/gpu1), so each sees what a one-GPU machine with half the cores would.
@@ -258,6 +258,22 @@ case "$stage" in
       --tasks ${THROUGHPUT_TASKS:-2_GELU 3_Softmax_Rows 6_Batched_Transpose 9_Cumsum_Rows} \
       --out "$out/throughput.json" ${THROUGHPUT_ARGS:-} > "$out/throughput.log" 2>&1
     grep -v "━" "$out/throughput.log" | cut -c1-300 | tail -50
+    ;;
+  newsource)
+    # Published solutions judged from a cold cache (new_source_throughput.py; the leaderboard corpus
+    # carried in .corpus/): NST_N sampled, NST_J judges on the GPU, cut at NST_T seconds (the report
+    # then comes from --report-only: wall time up to the last verdict); its verdicts read as a
+    # fidelity sample. NST_ARGS: more options (e.g. -c light_cuda_headers=false).
+    rm -rf "$out/nst"
+    timeout ${NST_T:-500} python3 benchmarks/new_source_throughput.py --corpus .corpus --out "$out/nst" \
+      --sample ${NST_N:-80} --judges-per-gpu ${NST_J:-3} ${NST_ARGS:-} > "$out/nst.log" 2>&1
+    echo "new_source_throughput rc=$?"; grep -v "━" "$out/nst.log" | tail -6 | cut -c1-600
+    [ -f "$out/nst/throughput.json" ] && grep -q '"wall_s": [0-9]' "$out/nst/throughput.json" \
+      || python3 benchmarks/new_source_throughput.py --out "$out/nst" --report-only
+    timeout 120 cuda-agent fidelity --corpus .corpus --out "$out/nst" --report-only \
+      --explain benchmarks/fidelity_reviewed.json > "$out/nst_fidelity.log" 2>&1
+    echo "fidelity report rc=$?"; grep -v "━" "$out/nst_fidelity.log" | cut -c1-300 | tail -30
+    rm -rf "$out/nst/cache" "$out/nst/work"   # the cold cache: large, and not a result
     ;;
   synth)
     # Tasks generated and filtered per hour, the judge's reference checks (Judge.check_reference)

@@ -37,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 
 from cuda_agent import fidelity  # the corpus reader, the sample, the pool run
+from cuda_agent.fidelity.run import judge_config
 
 JUDGE_PHASES = ("build", "baseline", "start", "calls", "memcheck")
 REPORT_FILE = "throughput.json"
@@ -130,7 +131,14 @@ def run(args: argparse.Namespace) -> dict:
     if args.report_only:
         saved = json.loads((out / REPORT_FILE).read_text()) if (out / REPORT_FILE).is_file() else {}
         entries = list(fidelity.read_results(out).values())
-        return summarize(entries, saved.get("wall_s"), saved.get("gpus") or 1, saved.get("judge_workers") or 1)
+        wall_s = saved.get("wall_s")
+        if wall_s is None and saved.get("started_at") and entries:
+            # a run cut short (a time limit) wrote no report: its wall time up to the last verdict
+            wall_s = max(e.get("judged_at") or 0.0 for e in entries) - saved["started_at"]
+        report = summarize(entries, wall_s, saved.get("gpus") or 1, saved.get("judge_workers") or 1)
+        if saved.get("settings"):
+            report["settings"] = saved["settings"]
+        return report
     if verdicts_file.exists():
         raise fidelity.UsageError(f"{verdicts_file} exists: a cold run needs a new --out")
     cache, work = out / "cache", out / "work"
@@ -141,7 +149,7 @@ def run(args: argparse.Namespace) -> dict:
     os.environ["CUDA_AGENT_WORK"] = str(work)
     corpus = fidelity.load_corpus(args.corpus)
     records = fidelity.stratified_sample(corpus.records, args.sample, args.seed)
-    config = fidelity.judge_config(args).model_copy(update={"cache_dir": cache})
+    config = judge_config(args).model_copy(update={"cache_dir": cache})
     from cuda_agent.host import visible_gpus
     from cuda_agent.pool import PoolConfig
 
@@ -149,12 +157,17 @@ def run(args: argparse.Namespace) -> dict:
                              time_limit_s=args.time_limit, judges_per_gpu=args.judges_per_gpu)
     gpus = max(1, len(visible_gpus())) if args.device == "cuda" else 1
     judges = args.workers or gpus * args.judges_per_gpu
+    used = min(gpus, -(-judges // args.judges_per_gpu)) if args.device == "cuda" else 1  # GPUs the judges hold
+    settings = fidelity.settings_of(config)["config"]
+    # What the report needs, written first: a run cut short still reports its judges and its rate
+    # (--report-only, wall time up to its last verdict)
+    (out / REPORT_FILE).write_text(json.dumps({"started_at": time.time(), "gpus": used, "judge_workers": judges,
+                                               "settings": settings}, indent=1))
     t0 = time.monotonic()
     fidelity.judge_records(records, out, config, pool_config, {})
     wall_s = time.monotonic() - t0
-    used = min(gpus, -(-judges // args.judges_per_gpu)) if args.device == "cuda" else 1  # GPUs the judges hold
     report = summarize(list(fidelity.read_results(out).values()), wall_s, used, judges)
-    report["settings"] = fidelity.settings_of(config)["config"]
+    report["settings"] = settings
     (out / REPORT_FILE).write_text(json.dumps(report, indent=1))
     return report
 
