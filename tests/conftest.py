@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -148,6 +149,11 @@ def _gpu_share(request: pytest.FixtureRequest):
         return
     with _gpu_lock(exclusive=request.node.get_closest_marker("gpu_exclusive") is not None):
         yield
+        # what the test computed on the GPU itself, given back before another worker's test runs
+        # (the judge gives back its own after each evaluation)
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

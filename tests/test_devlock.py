@@ -323,3 +323,88 @@ def test_the_trainers_gpu_lock_is_the_one_its_judges_take():
     assert gpu_lock_of(0, "3,5") == gpu_lock_path("3,5") == gpu_lock_path("3")
     assert gpu_lock_of(1, "3,5") == gpu_lock_path("5")
     assert gpu_lock_of(0, "") == gpu_lock_path(None) and gpu_lock_of(2, "") == gpu_lock_path("2")
+
+
+def _freeing_judge(lock: Path, timeout_s: float, freed: list):
+    """What Judge._return_gpu_memory reads: a CUDA judge, its lock, its call limit; the allocator's
+    release recorded with whether an exclusive holder could have had the lock meanwhile."""
+    from types import SimpleNamespace
+
+    def empty_cache():
+        try:
+            with DeviceLock(lock).hold(exclusive=True, timeout=0.05):
+                freed.append("beside an exclusive holder")
+        except Exception:
+            freed.append("lock held shared")
+
+    judge = SimpleNamespace(device="cuda", _device_lock=DeviceLock(lock),
+                            config=SimpleNamespace(call_timeout_s=timeout_s))
+    return judge, empty_cache
+
+
+def test_a_judge_returns_its_cached_gpu_memory_holding_the_lock_shared(tmp_path, monkeypatch):
+    """After each evaluation a CUDA judge gives back what PyTorch's allocator cached for its own
+    reference computations (judges sharing a GPU ran each other out of memory), never beside
+    another judge's timed call: the lock is held shared while it frees, and a timed call that holds
+    it past the limit defers the release to the next evaluation instead of stalling this one."""
+    import torch
+
+    from cuda_agent.judge.harness import Judge
+
+    lock, freed = tmp_path / "gpu.lock", []
+    judge, empty_cache = _freeing_judge(lock, 0.3, freed)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 4 << 30)
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    Judge._return_gpu_memory(judge)
+    assert freed == ["lock held shared"]
+    proc, got, release = _start(lock, exclusive=True)   # another judge's timed call
+    try:
+        assert got.wait(10)
+        t0 = time.monotonic()
+        Judge._return_gpu_memory(judge)
+        assert freed == ["lock held shared"] and 0.3 <= time.monotonic() - t0 < 5
+    finally:
+        release.set()
+        proc.join(10)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 256 << 20)   # little cached: kept
+    Judge._return_gpu_memory(judge)
+    assert len(freed) == 1
+
+
+_LARGE_TASK = '''import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(128, 1024, 1024)]   # 512 MiB in, 512 MiB out, twice that in float64
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.gpu
+def test_a_cuda_judge_keeps_no_cached_gpu_memory_between_evaluations(tmp_path, tmp_path_factory):
+    """The judge's reference outputs and their float64 checks are computed on the GPU in the
+    judge's process; after an evaluation the allocator's cache is given back, so a judge sharing the
+    GPU with others (the pool's judges per GPU) does not keep the largest task's footprint."""
+    import torch
+
+    from cuda_agent.judge import Judge, JudgeConfig
+    from cuda_agent.tasks import load_task_file
+
+    path = tmp_path / "large_tanh.py"
+    path.write_text(_LARGE_TASK)
+    task = load_task_file(path)
+    with Judge(JudgeConfig(device="cuda", compile_mode="none", n_check=2, n_warmup=1, n_timed=3,
+                           cache_dir=judge_cache_dir(tmp_path_factory), verdict_cache=False)) as judge:
+        v = judge.check_reference(task)
+        assert v.correct, (v.failure, v.notes)
+        # what it may keep (harness._KEEP_GPU_CACHE_BYTES) is less than this task's footprint
+        assert torch.cuda.memory_reserved() < 1 << 30, torch.cuda.memory_summary(abbreviated=True)

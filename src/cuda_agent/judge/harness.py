@@ -53,7 +53,7 @@ from .builds import BuildOutcome, Builder, BuildPlan, CandidateBuilds, build_arc
 from .calls import CallLoop
 from .sol import task_speed_of_light
 from .config import JudgeConfig
-from .devlock import DeviceLock, gpu_lock_of
+from .devlock import DeviceLock, LockTimeout, gpu_lock_of
 from .evaluation import Evaluation, JudgeError, Stop as _Stop
 from .reference import Reference, Setup, make_setup, rebuild, reference_ops
 from .sandbox import SandboxError, is_root, work_root_dir
@@ -75,6 +75,10 @@ def _package_files() -> dict[str, str]:
             out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
 
+
+# What a CUDA judge's allocator may keep cached between evaluations: small tasks' blocks are reused
+# without a wait for the GPU's lock (`Judge._return_gpu_memory`)
+_KEEP_GPU_CACHE_BYTES = 1 << 30
 
 _HARNESS_VERSION = 8  # bump when the call protocol changes: cached baselines depend on it
 
@@ -189,6 +193,7 @@ class Judge:
             v.failure = Failure(category=FC.RUNTIME, message=f"{type(exc).__name__}: {exc}"[:4000])
         finally:
             ev.close()
+            self._return_gpu_memory()
         v.correct = v.failure is None
         v.judge_s = time.monotonic() - t0
         return v
@@ -219,6 +224,7 @@ class Judge:
                 traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:])
         finally:
             ev.close()
+            self._return_gpu_memory()
         if ev.gpu_plane_problem:
             verdict.notes.append(f"per-call tensors went through host memory (GPU sharing unavailable: "
                                  f"{ev.gpu_plane_problem}); the judge's clock is coarser")
@@ -267,6 +273,23 @@ class Judge:
         self.close()
 
     # -------------------------------------------------------------------------------- steps
+    def _return_gpu_memory(self) -> None:
+        """Give the GPU back what this process's allocator keeps after an evaluation. The judge
+        computes the reference's outputs (and their float64 check) on the GPU; PyTorch keeps the
+        freed blocks for reuse, so a long-lived judge came to hold the largest task's footprint
+        for good (66 GiB after 60 published solutions on an H100), and judges sharing the GPU
+        (a pool's judges per GPU, test workers) and their candidates ran out of memory. Freed
+        while holding the GPU's lock shared, so never beside another judge's timed call."""
+        if (self.device != "cuda" or not torch.cuda.is_initialized()
+                or torch.cuda.memory_reserved() < _KEEP_GPU_CACHE_BYTES):
+            return
+        try:
+            held = (self._device_lock.hold(exclusive=False, timeout=self.config.call_timeout_s)
+                    if self._device_lock else contextlib.nullcontext())
+            with held:
+                torch.cuda.empty_cache()
+        except LockTimeout:
+            pass  # a lock held this long is reported by the next evaluation's calls; freed then
     def _new_evaluation(self, task: Task, candidate_hash: str, kind) -> Evaluation:
         """The state of one run (see `Evaluation`), with its verdict to fill in."""
         return Evaluation(kind=kind, verdict=Verdict(
