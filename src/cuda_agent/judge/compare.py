@@ -48,11 +48,14 @@ NOISE_DOMINATED = 1.0
 # wider where the float32 reference itself follows the change less well (ref_noise_multiple times).
 PROBE_DELTA = 2.0 ** -8
 PROBE_FLOOR = 1e-2
-# Calls after the checked ones carry the error an approximation showed there, times this. Rounding
-# added after the checked calls adds its error in quadrature: within 5%, only rounding under a third
-# of the approximation's error hides, under 1.6e-4 at approx_rel_l2 = 5e-4, less than one float16
-# rounding of the outputs (2.1e-4); finer rounding is left to the perturbed pairs.
-APPROX_SLACK = 1.05
+# Calls after the checked ones carry the error an approximation showed there, times this. An
+# approximation's error depends on where its inputs lie, and the judge rescales some calls' inputs
+# (reference.fresh_inputs: x0.25-1), so a later call may see a scale no checked call saw: tanh GELU
+# on randn is 1.98e-4 from float64 at scale 1 and 2.08e-4 at 0.7 (a published tanh-GELU kernel
+# failed a timed call at 2.076e-4 under the former 1.05x slack, H100, KernelBench L1 26). At 1.25x a
+# smooth approximation may get at most a quarter worse after the checks; rounding added then (the
+# cheap way to a faster kernel) is what the perturbed pairs catch, whatever the slack.
+APPROX_SLACK = 1.25
 
 
 # How many times the reference's own error against float64 the cap above the ceiling allows. Where a
