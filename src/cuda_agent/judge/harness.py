@@ -290,6 +290,8 @@ class Judge:
                 torch.cuda.empty_cache()
         except LockTimeout:
             pass  # a lock held this long is reported by the next evaluation's calls; freed then
+        except RuntimeError:
+            pass  # a CUDA error here is the next evaluation's to report: this verdict is already made
     def _new_evaluation(self, task: Task, candidate_hash: str, kind) -> Evaluation:
         """The state of one run (see `Evaluation`), with its verdict to fill in."""
         return Evaluation(kind=kind, verdict=Verdict(

@@ -83,8 +83,9 @@ def call_actions() -> dict[str, str]:
 KINDS = ("replies", "calls")
 # The second check needs more samples than the first: a good reply is a sequence, and with eight
 # episodes a step its mean reward rose and fell back within 12 steps (H100 and CPU); with sixteen a
-# step it rose from -0.81 to 1.42 (the mean of its last ten of 20 steps) on the CPU, and the same
-# with a scripted judge and a short prompt for both seeds tried (benchmarks/calls_check_sim.py).
+# step it rose from -0.81 to 1.42 (the mean of its last ten of 20 steps) on the CPU and from -0.44 to
+# 1.16 on an H100, and the same with a scripted judge and a short prompt for both seeds tried
+# (benchmarks/calls_check_sim.py).
 DEFAULT_STEPS = {"replies": 12, "calls": 20}
 EPISODES_PER_STEP = {"replies": 8, "calls": 16}
 
