@@ -87,18 +87,31 @@ case "$stage" in
   tiertests)
     # One folder for every call on the same machine, so a rerun (a warm machine keeps ignored
     # files) finds the builds of the last one. TIER_ARGS: which tests (default: all of tests/);
-    # TIER_K: a pytest -k expression (spaces allowed) to run part of them.
+    # TIER_K: a pytest -k expression (spaces allowed) to run part of them. A tier longer than one
+    # call: each run's log is kept in .cache/tier-logs/, and TIER_LEFT=1 runs only the GPU tests no
+    # earlier run on this machine reported (tier_left.py); TIER_FAILED=1 runs the failed ones
+    # again, one at a time (TIER_WORKERS=1 unless set).
     export CUDA_AGENT_TEST_CACHE=${CUDA_AGENT_TEST_CACHE:-$PWD/.cache/test-cache}
     # Each failure's report is written as it happens: a run cut by its time limit still says why.
     export CUDA_AGENT_FAILURE_LOG=$out/gpu_tier_failures.log
     t0=$(date +%s)
+    logs=.cache/tier-logs; mkdir -p "$logs"
+    tests=(${TIER_ARGS:-tests})
+    if [ -n "${TIER_LEFT:-}${TIER_FAILED:-}" ]; then
+      mapfile -t tests < <(python3 benchmarks/gpu/tier_left.py "$logs"/*.log ${TIER_FAILED:+--failed})
+      [ -n "${TIER_FAILED:-}" ] && TIER_WORKERS=${TIER_WORKERS:-1}
+      echo "${#tests[@]} GPU tests to run (${TIER_FAILED:+failed before}${TIER_LEFT:+not reported by earlier runs})"
+    fi
     par=""
-    python3 -c "import xdist" 2>/dev/null && par="-n ${TIER_WORKERS:-3}"
+    python3 -c "import xdist" 2>/dev/null && [ "${TIER_WORKERS:-3}" -gt 1 ] && par="-n ${TIER_WORKERS:-3}"
     # -v: each test's outcome is on its own line as it ends, so a run cut by its time limit still
     # says which tests failed.
-    timeout ${TIER_TIMEOUT:-540} python3 -m pytest -v -rfE -m gpu $par -p no:cacheprovider --durations=15 \
-      ${TIER_K:+-k "$TIER_K"} ${TIER_ARGS:-tests} > "$out/gpu_tier.log" 2>&1
-    echo "tier rc=$? after $(( $(date +%s) - t0 )) s"
+    if [ ${#tests[@]} -gt 0 ]; then
+      timeout ${TIER_TIMEOUT:-540} python3 -m pytest -v -rfE -m gpu $par -p no:cacheprovider --durations=15 \
+        ${TIER_K:+-k "$TIER_K"} "${tests[@]}" > "$out/gpu_tier.log" 2>&1
+      echo "tier rc=$? after $(( $(date +%s) - t0 )) s"
+      cp "$out/gpu_tier.log" "$logs/$(date +%s).log"
+    fi
     grep -E "passed|failed|FAILED|ERROR|s call " "$out/gpu_tier.log" | cut -c1-300 | tail -60
     [ -s "$CUDA_AGENT_FAILURE_LOG" ] && grep -E "^(=====|E  )" "$CUDA_AGENT_FAILURE_LOG" | cut -c1-300 | head -60
     ;;
