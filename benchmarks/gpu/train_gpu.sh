@@ -33,7 +33,7 @@ case "$stage" in
       --train-device cuda
     cuda-agent train metrics "$out/toy/run" "$out/toy/rft" ;;
   calls)
-    cuda-agent train toy "$out/calls" --kind calls --steps "${CALLS_STEPS:-20}"
+    cuda-agent train toy "$out/calls" --kind calls ${CALLS_STEPS:+--steps "$CALLS_STEPS"}  # default: the toy's (20)
     # CALLS_ARGS: settings for the check's PPO run, e.g. "-c episodes_per_step=16 -c optim.actor_lr=1e-3"
     cuda-agent train ppo --config "$out/calls/toy.json" --out "$out/calls/run" --train-device cuda ${CALLS_ARGS:-}
     cuda-agent train metrics "$out/calls/run" ;;

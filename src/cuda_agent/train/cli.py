@@ -289,11 +289,11 @@ def toy_cmd(out_dir: Annotated[Path, typer.Argument(help="folder for the toy's m
     `cuda-agent train ppo --config OUT/toy.json --out OUT/run`: its mean reward must rise. It checks
     the gradient path, not CUDA skill."""
     _need_transformers()
-    from .toy import DEFAULT_STEPS, KINDS, build_toy
+    from .toy import KINDS, build_toy
 
     if kind not in KINDS:
         _fail(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    path = build_toy(out_dir, seed=seed, steps=steps or DEFAULT_STEPS[kind], kind=kind)
+    path = build_toy(out_dir, seed=seed, steps=steps, kind=kind)
     out.print(f"toy settings in {path}; run: cuda-agent train ppo --config {path} --out {out_dir / 'run'}")
 
 

@@ -207,7 +207,7 @@ class Sandboxed:
 
     def rss_mb(self) -> float:
         total = 0
-        for pid in _session_pids(self.pid, self.uid):
+        for pid in self.pids():
             try:
                 with open(f"/proc/{pid}/statm") as fh:
                     total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
