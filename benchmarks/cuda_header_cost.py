@@ -1,14 +1,16 @@
-"""What `#include <torch/extension.h>` costs nvcc in a load_inline CUDA file, and what the judge's
-light stand-in (`JudgeConfig.light_cuda_headers`, `build.LIGHT_EXTENSION_H`) saves.
+"""What torch's headers cost nvcc in a load_inline CUDA file, and what the judge's two stand-ins
+save: the light one (`JudgeConfig.light_cuda_headers`, `builds.LIGHT_EXTENSION_H`: torch/types.h
+for torch/extension.h) and the op one (`JudgeConfig.op_cuda_headers`, `builds.ops_header`: for both
+torch/types.h and torch/extension.h, only the ATen operators the file calls).
 
 Each CUDA source is laid out as the judge lays out load_inline's `cuda.cu` (`build.inline_spec`;
 a solution's load_inline calls are read by the judge's own build plan, `cuda_agent.judge.builds.plan_build`)
 and compiled to an object only (no link, no GPU needed: a machine with nvcc and torch's headers
-will do) with the nvcc line torch's extension builder writes for it, twice: as it is, and with the
-stand-in ahead of torch's header (the judge's first try). Reported per file: the seconds of each
+will do) with the nvcc line torch's extension builder writes for it, three times: as it is, with
+the light stand-in and with the op stand-in ahead of torch's headers. Reported per file: the seconds of each
 compile, nvcc's own split of them (`-time`: preprocessing, cudafe++ the host front end, cicc the
-device front end, ptxas, the host compile), and whether the light compile succeeded (where it
-fails, the judge builds again with torch's header: that file costs both).
+device front end, ptxas, the host compile), whether each compile succeeded, and what the judge's
+build pays: its tries in order (op stand-in, light stand-in, torch's header) until one compiles.
 
     python benchmarks/cuda_header_cost.py [FILES.cu|solution.py ...] [--corpus .corpus --sample 8]
                                           [--arch 9.0] [--json out.json]
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from cuda_agent.judge.builds import LIGHT_DIR, LIGHT_EXTENSION_H
+    from cuda_agent.judge.builds import LIGHT_DIR, LIGHT_EXTENSION_H, OPS_DIR, OPS_HEADER, ops_header
 
     sources = file_sources(args.files) if args.files else []
     if args.corpus:
@@ -167,33 +169,49 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="header-cost-") as tmp:
         folder = Path(tmp)
-        light = folder / LIGHT_DIR
+        light, ops = folder / LIGHT_DIR, folder / OPS_DIR
         (light / "torch").mkdir(parents=True)
         (light / "torch" / "extension.h").write_text(LIGHT_EXTENSION_H)
+        (ops / "torch").mkdir(parents=True)
+        for name in ("types.h", "extension.h"):
+            (ops / "torch" / name).write_text(f'#include "{OPS_HEADER}"\n')
         line = nvcc_line(folder, args.arch)
         for label, text in sources:
             (folder / "cuda.cu").write_text(text)
-            full = compile_once(folder, line, None)
-            lite = compile_once(folder, line, light)
-            rows.append({"source": label, "full": full, "light": lite})
-            saved = f"{full['s'] / lite['s']:.2f}x" if lite["ok"] else "falls back"
-            print(f"{label}: torch/extension.h {full['s']:.1f} s ({'ok' if full['ok'] else 'fails'}), "
-                  f"stand-in {lite['s']:.1f} s ({'ok' if lite['ok'] else 'fails: ' + lite['error'][:120]}): {saved}",
-                  flush=True)
-    both = [r for r in rows if r["full"]["ok"] and r["light"]["ok"]]
+            (ops / "torch" / OPS_HEADER).write_text(ops_header([text]))
+            row = {"source": label, "full": compile_once(folder, line, None), "light": compile_once(folder, line, light),
+                   "ops": compile_once(folder, line, ops)}
+            # what the judge's build pays: its tries in order until one compiles (Builder._header_tiers)
+            tries = ["ops"] + (["light"] if "torch/extension.h" in text else []) + ["full"]
+            first = next((t for t in tries if row[t]["ok"]), "full")
+            row["judge_s"] = round(sum(row[t]["s"] for t in tries[:tries.index(first) + 1]), 2)
+            row["judge_header"] = first
+            rows.append(row)
+            full = row["full"]
+            print(f"{label}: torch's header {full['s']:.1f} s ({'ok' if full['ok'] else 'fails'}), "
+                  + ", ".join(f"{k} stand-in {row[k]['s']:.1f} s ("
+                              + (f"{full['s'] / row[k]['s']:.2f}x" if row[k]["ok"] else "fails: " + row[k]["error"][:100])
+                              + ")" for k in ("light", "ops"))
+                  + f"; the judge's build {row['judge_s']:.1f} s with {first}", flush=True)
+    every = [r for r in rows if all(r[k]["ok"] for k in ("full", "light", "ops"))]
+
+    def median(values):
+        values = list(values)
+        return round(statistics.median(values), 3) if values else None
+
     summary = {
-        "sources": len(rows), "light_ok": sum(r["light"]["ok"] for r in rows),
-        "full_ok": sum(r["full"]["ok"] for r in rows),
-        "median_full_s": statistics.median(r["full"]["s"] for r in both) if both else None,
-        "median_light_s": statistics.median(r["light"]["s"] for r in both) if both else None,
-        "median_ratio": statistics.median(r["full"]["s"] / r["light"]["s"] for r in both) if both else None,
-        # what a build costs with the first try and its fallback, against torch's header alone
+        "sources": len(rows), **{f"{k}_ok": sum(r[k]["ok"] for r in rows) for k in ("full", "light", "ops")},
+        **{f"median_{k}_s": median(r[k]["s"] for r in every) for k in ("full", "light", "ops")},
+        "median_full_over_light": median(r["full"]["s"] / r["light"]["s"] for r in every),
+        "median_light_over_ops": median(r["light"]["s"] / r["ops"]["s"] for r in every),
+        # what a build costs with the judge's tries and their fallbacks, against torch's header alone
         "total_full_s": round(sum(r["full"]["s"] for r in rows), 1),
-        "total_judge_s": round(sum(r["light"]["s"] + (0 if r["light"]["ok"] else r["full"]["s"]) for r in rows), 1),
+        "total_judge_s": round(sum(r["judge_s"] for r in rows), 1),
+        "judge_headers": {k: sum(r["judge_header"] == k for r in rows) for k in ("ops", "light", "full")},
     }
-    for kind in ("full", "light"):
+    for kind in ("full", "light", "ops"):
         phases: dict[str, float] = {}
-        for r in both:
+        for r in every:
             for k, v in r[kind]["phases_s"].items():
                 phases[k] = phases.get(k, 0.0) + v
         summary[f"{kind}_phases_s"] = {k: round(v, 1) for k, v in sorted(phases.items(), key=lambda kv: -kv[1])}

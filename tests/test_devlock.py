@@ -121,6 +121,12 @@ def test_placement_puts_judges_per_gpu_on_each_gpu(monkeypatch):
         local_placement(cfg, 5, None, judges_per_gpu=2)
     with pytest.raises(PlacementError):
         local_placement(cfg, 3, None)  # one judge per GPU unless asked
+    # one GPU, three judges on 16 cores: six timing cores, a compile worker on each of the ten left
+    monkeypatch.setattr(host, "visible_gpus", lambda: ["0"])
+    place = local_placement(cfg, None, None, judges_per_gpu=3)
+    timed = {c for t in place.timing_cpus for c in t}
+    assert len(timed) == 6 and place.spare_cpus == [c for c in range(16) if c not in timed]
+    assert place.compile_workers == 10 and place.build_jobs == 1
 
 
 class _CapturingJudge:

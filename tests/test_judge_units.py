@@ -824,23 +824,139 @@ def test_light_cuda_headers_leave_other_builds_alone(tmp_path, monkeypatch):
     assert len(jobs) == 2 and not any(LIGHT_DIR in f for job in jobs for f in job["cuda_cflags"])
 
 
+@pytest.mark.parametrize("fails", [(), ("ops",), ("ops", "light")])
+def test_op_cuda_headers_come_first_then_the_light_stand_in_then_torchs(tmp_path, monkeypatch, fails):
+    """With op_cuda_headers a .cu that includes torch's header is first compiled with a stand-in for
+    both torch/types.h and torch/extension.h that declares, of ATen's operators, only the ones its
+    sources call; a failure tries the light stand-in, then torch's own header (the compiler is stood
+    in for: what is tested is the order of the tries and the headers each sees)."""
+    from pathlib import Path
+
+    from cuda_agent.judge.builds import LIGHT_DIR, OPS_DIR, OPS_HEADER, Builder
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None,
+                      light_cuda_headers=True, op_cuda_headers=True)
+    monkeypatch.setattr(builder, "_pch", lambda spec: None)
+    tries: list[str] = []
+
+    def fake_job(bdir, job):
+        inc = [f[2:] for f in job["cuda_cflags"] if f.startswith("-I")]
+        tier = "ops" if inc and inc[0].endswith(OPS_DIR) else "light" if inc and inc[0].endswith(LIGHT_DIR) else "torch"
+        tries.append(tier)
+        if tier == "ops":
+            torch_dir = Path(inc[0]) / "torch"
+            for name in ("types.h", "extension.h"):   # both of torch's names lead to the one stand-in
+                assert (torch_dir / name).read_text() == f'#include "{OPS_HEADER}"\n'
+            header = (torch_dir / OPS_HEADER).read_text()
+            assert "#include <ATen/ops/empty_like.h>" in header          # the kernel calls it
+            assert "#include <ATen/ops/conv2d.h>" not in header           # it does not call this
+            assert "#include <ATen/ATen.h>" not in header
+        if tier in fails:
+            raise BuildError("cuda.cu: error: namespace \"at\" has no member \"conv2d\"")
+        Path(job["build_directory"], "light_twice.so").write_bytes(b"\x7fELF fake")
+
+    monkeypatch.setattr(builder, "_run_job", fake_job)
+    monkeypatch.setattr("cuda_agent.judge.builds.builder.object_imports", lambda out: {})
+    result = builder.build(_light_spec())
+    order = ["ops", "light", "torch"]
+    assert tries == order[:len(fails) + 1]
+    assert result.headers == order[len(fails)] and result.light_headers is (result.headers != "torch")
+
+
+def test_sources_that_need_pybind11_or_torch_modules_go_straight_to_torchs_header(tmp_path, monkeypatch):
+    """A stand-in declares neither pybind11 nor the C++ frontend's modules: a .cu that plainly uses
+    them is not tried with one (a try that can only fail costs a front-end parse)."""
+    from pathlib import Path
+
+    from cuda_agent.judge.builds import LIGHT_DIR, OPS_DIR, Builder
+
+    jobs: list[dict] = []
+
+    def fake_job(bdir, job):
+        jobs.append(job)
+        Path(job["build_directory"], f"{job['name']}.so").write_bytes(b"\x7fELF fake")
+
+    builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=60, uid=None,
+                      light_cuda_headers=True, op_cuda_headers=True)
+    monkeypatch.setattr(builder, "_pch", lambda spec: None)
+    monkeypatch.setattr(builder, "_run_job", fake_job)
+    monkeypatch.setattr("cuda_agent.judge.builds.builder.object_imports", lambda out: {})
+    for i, extra in enumerate(("static pybind11::object keep() { return pybind11::none(); }",
+                               "static torch::nn::Linear layer(4, 4);")):
+        result = builder.build(_light_spec(LIGHT_KERNEL + extra, f"frontend_{i}"))
+        assert result.headers == "torch"
+    assert len(jobs) == 2 and not any(d in f for job in jobs for f in job["cuda_cflags"] for d in (LIGHT_DIR, OPS_DIR))
+
+
+def test_the_op_stand_in_is_valid_cpp_that_declares_what_is_called_and_nothing_else(tmp_path):
+    """The op stand-in compiled for real by the host compiler against the installed torch's headers
+    (nvcc's front ends parse the same text): a source that calls the operators it names compiles, one
+    that calls an operator it does not name fails, and torch's names (torch::Tensor, torch::kFloat32,
+    torch::empty_like) mean what they mean under torch's header."""
+    import shutil
+    import subprocess
+
+    from torch.utils.cpp_extension import include_paths
+
+    from cuda_agent.judge.builds import OPS_HEADER, ops_header
+
+    if shutil.which("g++") is None:
+        pytest.skip("no host compiler")
+    body = """#include <torch/types.h>
+#include <torch/extension.h>
+#include <type_traits>
+static_assert(std::is_same<torch::Tensor, at::Tensor>::value, "torch::Tensor");
+static_assert(torch::kFloat32 == at::ScalarType::Float, "kFloat32");
+torch::Tensor f(torch::Tensor x) {
+    TORCH_CHECK(x.dim() == 2, "2-d");
+    auto y = torch::empty_like(x, x.options().dtype(torch::kFloat32));
+    auto z = at::relu(x) + x * 2;
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "f", [&] { (void)x.data_ptr<scalar_t>(); });
+    return torch::zeros({x.size(0)}, x.options()) + y.sum() + z;
+}
+"""
+    flags = ["-std=c++17", "-fsyntax-only", f"-I{tmp_path}"] + [f"-I{p}" for p in include_paths()]
+
+    def compiles(source: str) -> subprocess.CompletedProcess:
+        (tmp_path / "torch").mkdir(exist_ok=True)
+        (tmp_path / "torch" / OPS_HEADER).write_text(ops_header([source]))
+        for name in ("types.h", "extension.h"):
+            (tmp_path / "torch" / name).write_text(f'#include "{OPS_HEADER}"\n')
+        (tmp_path / "f.cpp").write_text(source)
+        return subprocess.run(["g++", *flags, str(tmp_path / "f.cpp")], capture_output=True, text=True)
+
+    ok = compiles(body)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    # a stand-in made for the body, then a call it was not made for: no declaration, so the build
+    # tries the next header instead of resolving the call some other way
+    header = ops_header([body])
+    assert "ATen/ops/conv2d.h" not in header
+    (tmp_path / "torch" / OPS_HEADER).write_text(header)
+    (tmp_path / "f.cpp").write_text(body + "torch::Tensor g(torch::Tensor x) { return torch::conv2d(x, x); }\n")
+    bad = subprocess.run(["g++", *flags, str(tmp_path / "f.cpp")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "conv2d" in bad.stderr
+
+
 @pytest.mark.gpu
-def test_light_cuda_headers_build_real_kernels_and_fall_back_for_pybind11(tmp_path):
-    """Real nvcc builds: a published-style .cu that includes torch/extension.h builds with the
-    stand-in and computes; one that uses pybind11 in the .cu fails with it and is built with
-    torch's header, and computes too."""
+def test_cuda_header_stand_ins_build_real_kernels_and_fall_back_in_order(tmp_path):
+    """Real nvcc builds: a published-style .cu that includes torch/extension.h builds with the op
+    stand-in and computes; one that also uses tensor indexing (which the op stand-in leaves out)
+    fails with it and builds with the light one; one that uses pybind11 in the .cu goes to torch's
+    header at once; each computes."""
     import importlib.machinery
     import importlib.util
 
     from cuda_agent.judge.builds import Builder
 
     builder = Builder(tmp_path / "cache", tmp_path / "work", arch=None, timeout_s=600, uid=None,
-                      light_cuda_headers=True)
+                      light_cuda_headers=True, op_cuda_headers=True)
+    indexing = LIGHT_KERNEL.replace("return y;", "return y.index({torch::indexing::Slice()});")
     uses_pybind = LIGHT_KERNEL + "\nstatic pybind11::object keep_pybind11_in_this_file() { return pybind11::none(); }\n"
     x = torch.randn(1000, device="cuda")
-    for source, name, light in ((LIGHT_KERNEL, "light_twice", True), (uses_pybind, "light_pybind", False)):
+    for source, name, headers in ((LIGHT_KERNEL, "ops_twice", "ops"), (indexing, "light_twice", "light"),
+                                  (uses_pybind, "torch_twice", "torch")):
         result = builder.build(_light_spec(source, name))
-        assert result.light_headers is light
+        assert result.headers == headers, name
         loader = importlib.machinery.ExtensionFileLoader(name, str(result.library))
         module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
         loader.exec_module(module)

@@ -185,6 +185,12 @@ class JudgeConfig(BaseModel):
                            "(<torch/types.h>: no C++ frontend modules, no pybind11), which nvcc's front ends parse "
                            "in about a third of the time; a file that needs more is built again with torch's own "
                            "header, whose errors are the ones reported")
+    op_cuda_headers: bool = Field(
+        True, description="before that, build such a .cu (and load_inline's own cuda.cu, which includes "
+                          "<torch/types.h>) with a stand-in for both headers that declares the tensor class, "
+                          "its options, dispatch macros and checks, and of ATen's operators only those the "
+                          "sources call (ATen's per-operator headers: every overload of each name); about "
+                          "30% less nvcc time again. A file that needs more is built with the next header")
     init_timeout_s: float = Field(120.0, description="limit on loading the candidate and constructing ModelNew")
     call_timeout_s: float = Field(30.0, description="limit on one forward call")
     total_timeout_s: float = Field(900.0, description="limit on judging one candidate")

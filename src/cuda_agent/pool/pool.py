@@ -76,8 +76,10 @@ class PoolConfig(BaseModel):
                                    "the same time and take turns for timed calls, which each holds the GPU "
                                    "alone for (JudgeConfig.device_lock)")
     compile_workers: int | None = Field(
-        None, ge=0, description="compile workers (0: none); default cuda: cores - judge workers - 1, "
-                                "cpu: the same but 0 on small machines, where they would slow the judged calls")
+        None, ge=0, description="compile workers (0: none); default cuda: one per core the judges' timing cores "
+                                "leave (cores - judge workers - 1 on machines too small to give each judge two), "
+                                "cpu: cores - judge workers - 1 but 0 on small machines, where they would slow "
+                                "the judged calls")
     max_queue: int | None = Field(
         None, ge=1, description="candidates waiting for a judge before submit blocks; "
                                 "default 4 x judge workers + 2 x compile workers")

@@ -77,7 +77,9 @@ def local_placement(config: JudgeConfig, judge_workers: int | None, compile_work
         timing = [allowed[2 * i:2 * i + 2] for i in range(n_judges)]
         rest = allowed[2 * n_judges:]
         if compile_workers is None:
-            n_compile = max(1, len(rest) - 1)
+            # one per core left: they run at a lower priority than the judges' spare processes,
+            # which start on these cores too, so a spare core would only idle between spares
+            n_compile = max(1, len(rest))
     return Placement(judges=n_judges, judge_env=envs, timing_cpus=timing, spare_cpus=rest,
                      compile_workers=n_compile, build_jobs=max(1, len(rest or range(cores)) // max(1, n_compile)))
 
