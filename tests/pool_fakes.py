@@ -6,6 +6,7 @@ seconds. A candidate's source says what its judging does, one directive per line
     # die                 kill the worker process
     # die-once: PATH      kill the worker the first time (PATH marks that it happened)
     # judge-error         raise JudgeError (the judge cannot work on the task)
+    # oom-once: PATH      the first time, a `judge` verdict of a CUDA out-of-memory error (PATH marks it)
     # baseline            read the task's eager baseline from the judge's store, else store one
                           (the verdict's notes say which: "baseline: stored" or "baseline: found")
 
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from cuda_agent.judge import JudgeError
-from cuda_agent.judge.verdict import Timing, Verdict
+from cuda_agent.judge.verdict import Failure, FailureCategory, Timing, Verdict
 
 
 def _directives(source: str) -> dict[str, str]:
@@ -61,6 +62,15 @@ class ScriptedJudge:
                 time.sleep(1)
         if "judge-error" in d:
             raise JudgeError(f"task {task.name}: the reference does not import")
+        if "oom-once" in d and not Path(d["oom-once"]).exists():
+            Path(d["oom-once"]).write_text("out of memory")
+            v = Verdict(task_id=task.id, task_name=task.name, candidate_hash=candidate.hash, device="cuda",
+                        device_name=self.device_name,
+                        failure=Failure(category=FailureCategory.JUDGE, message=(
+                            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has "
+                            "a total capacity of 79.18 GiB of which 204.62 MiB is free.")))
+            v.phase_s.update({"started_at": started, "ended_at": time.time(), "pid": float(os.getpid())})
+            return v
         time.sleep(float(d.get("sleep", "0")))
         notes = []
         if "baseline" in d:

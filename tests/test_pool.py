@@ -165,6 +165,45 @@ def test_cuda_without_a_gpu_is_a_judge_error(tmp_path, monkeypatch):
         Pool(JudgeConfig(device="cuda", cache_dir=tmp_path), PoolConfig(judge_factory=SCRIPTED))
 
 
+def test_a_candidate_out_of_gpu_memory_beside_other_judges_is_judged_again_alone(tmp_path, monkeypatch):
+    """Judges that share a GPU share its memory: a candidate whose judging ran out of it is judged
+    again, once, alone on the GPU: the judge beside it finishes what it holds first, nothing else
+    starts there meanwhile, and the verdict says so (scripted judges; the placement is told of one GPU)."""
+    from cuda_agent import host
+    from cuda_agent.pool.pool import ALONE_NOTE
+
+    monkeypatch.setattr(host, "visible_gpus", lambda: ["0"])
+    config = JudgeConfig(device="cuda", compile_mode="none", cache_dir=tmp_path / "cache")
+    marker = tmp_path / "ran-out"
+    with Pool(config, PoolConfig(judge_factory=SCRIPTED, compile_workers=0, judges_per_gpu=2)) as pool:
+        pool.wait_ready(120)
+        while pool.workers_ready()["judge"] < 2:
+            time.sleep(0.05)
+        beside = pool.submit(task(0), scripted("sleep: 1.5", tag="beside"))
+        ran_out = pool.submit(task(1), scripted("sleep: 0.3", f"oom-once: {marker}", tag="oom"))
+        later = pool.submit(task(2), scripted("sleep: 0.3", tag="later"))
+        vb, vo, vl = (f.result(timeout=120) for f in (beside, ran_out, later))
+        stats = pool.stats()
+    assert marker.exists() and stats.alone_retries == 1
+    assert vo.correct and ALONE_NOTE in vo.notes and not any(ALONE_NOTE in v.notes for v in (vb, vl))
+    alone = (vo.phase_s["started_at"], vo.phase_s["ended_at"])
+    assert vb.phase_s["ended_at"] <= alone[0], "the judge beside it finished first"
+    assert vl.phase_s["started_at"] >= alone[1], "nothing started on the GPU while it was judged alone"
+
+
+def test_only_gpu_memory_beside_others_is_judged_again(tmp_path, monkeypatch):
+    """One judge on its GPU: running out of memory is the candidate's own verdict, judged once."""
+    from cuda_agent import host
+
+    monkeypatch.setattr(host, "visible_gpus", lambda: ["0"])
+    config = JudgeConfig(device="cuda", compile_mode="none", cache_dir=tmp_path / "cache")
+    with Pool(config, PoolConfig(judge_factory=SCRIPTED, compile_workers=0)) as pool:
+        verdict = pool.submit(task(0), scripted(f"oom-once: {tmp_path / 'ran-out'}")).result(timeout=120)
+        assert pool.stats().alone_retries == 0
+    assert verdict.failure is not None and verdict.failure.category == FailureCategory.JUDGE
+    assert "CUDA out of memory" in verdict.failure.message
+
+
 LENIENT_SOLUTION = '''
 import torch
 import torch.nn as nn

@@ -19,6 +19,11 @@ Scheduling (one dispatcher thread):
 * each candidate has a time limit on its judge worker (`time_limit_s`, plus `baseline_allowance_s`
   for a task's first candidate). A worker past it is wedged (a hung CUDA context, a stuck driver
   call): it is killed and replaced, and the candidate gets a `timeout` verdict;
+* judges that share a GPU share its memory: a candidate whose judging ran out of GPU memory
+  there (in the judge's own work, a baseline's or the candidate's process) is judged again alone
+  on a GPU, once: that GPU's other judges finish what they hold (giving back their allocators'
+  cache) and take nothing new until it is done, so a task too large to share a GPU is not judged
+  against memory others hold. Its verdict says so;
 * a judge worker that dies while judging is replaced and the candidate is retried on the new
   worker, up to `max_attempts` in all; a candidate that kills its worker every time gets a `crash`
   verdict. A worker that cannot start three times in a row is given up; when no judge worker is
@@ -33,6 +38,7 @@ a verdict's `phase_s`: `pool_queue` (seconds from submit until a judge worker to
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -55,6 +61,11 @@ from .transport import (CompileRequest, Hello, JudgeReply, JudgeRequest, LocalTr
 
 MAX_SLOTS = 64          # per role; sets the range of sandbox uids a pool uses
 START_ATTEMPTS = 3      # consecutive failed starts before a worker slot is given up
+# How PyTorch and the CUDA runtime say a device allocation failed (OutOfMemoryError's message, the
+# runtime's error name and text), wherever it happened: the judge's process, a baseline's, the candidate's
+_GPU_OOM = re.compile(r"CUDA out of memory|cudaErrorMemoryAllocation|CUDA error: out of memory")
+ALONE_NOTE = ("judged again alone on its GPU: the first try ran out of GPU memory while other judges "
+              "of that GPU held theirs")
 
 
 class PoolError(RuntimeError):
@@ -105,6 +116,7 @@ class PoolStats(BaseModel):
     worker_deaths: int = 0         # judge or compile workers that died or were killed
     worker_starts: int = 0
     retries: int = 0
+    alone_retries: int = 0         # candidates judged again alone on a GPU after running out of its memory
     prebuilds: int = 0             # compile-worker reports
     prebuilt_in_time: int = 0      # candidates whose prebuild had finished when a judge took them
     prebuild_built: int = 0
@@ -128,6 +140,8 @@ class _Job:
     started: float | None = None
     deadline: float | None = None
     device_name: str = ""          # the GPU model of the judge worker it was given to
+    alone: bool = False            # to be judged again alone on a GPU (it ran out of GPU memory beside others)
+    alone_gpu: str | None = None   # the GPU whose judges drain for it (chosen when it is next due)
 
     @property
     def baseline_key(self) -> tuple[str, str]:
@@ -147,6 +161,13 @@ class _Slot:
     arch: str | None = None
     start_failures: int = 0
     last_error: str = ""
+
+    @property
+    def gpu(self) -> str | None:
+        """The GPU a judge worker shares with the others of its placement (None: not known here)."""
+        if self.role != "judge":
+            return None
+        return self.spec.env.get("CUDA_VISIBLE_DEVICES") or None  # "" on the CPU backend: none
 
 
 class Pool:
@@ -199,6 +220,7 @@ class Pool:
         self._in_flight: dict[tuple[str, str], int] = {}  # (task id, device name) -> candidates on judge workers
         self._archs: set[str | None] = {config.arch} if (config.arch or config.device == "cpu") else set()
         self._stats = PoolStats()
+        self._alone_on: dict[str, int] = {}   # GPU -> id of the job judged alone there now
         self._closing = False
         self._hard_stop = False
         self._broken: str | None = None
@@ -375,10 +397,14 @@ class Pool:
             if job is None or job.id != message.job_id:
                 return
             self._release(job)
+            if self._again_alone(slot, job, message):
+                return
             self._finish(job)
             self._stats.judge_s += now - (job.started or now)
             if message.verdict is not None:
                 verdict = message.verdict
+                if job.alone:
+                    verdict.notes.append(ALONE_NOTE)
                 verdict.phase_s["pool_queue"] = (job.started or now) - job.submitted
                 if job.prebuild_s is not None:
                     verdict.phase_s["prebuild"] = job.prebuild_s
@@ -398,8 +424,28 @@ class Pool:
             if job is not None and job.id == message.job_id:
                 job.prebuild, job.prebuild_s = "done", message.seconds
 
+    def _again_alone(self, slot: _Slot, job: _Job, message: JudgeReply) -> bool:
+        """Whether this reply is a try that ran out of GPU memory beside other judges of its GPU,
+        and the job goes back to the front of the queue to be judged alone (once)."""
+        if job.alone or slot.gpu is None:
+            return False
+        if not any(s is not slot and s.role == "judge" and s.gpu == slot.gpu for s in self._slots):
+            return False  # the GPU was its judge's alone: memory others held is not why
+        failure = message.verdict.failure if message.verdict is not None else None
+        text = failure.message if failure is not None else (message.judge_error or "")
+        if (message.verdict is not None and failure is None) or not _GPU_OOM.search(text or ""):
+            return False
+        job.alone, job.deadline = True, None
+        job.attempts -= 1    # the death retries (max_attempts) count deaths, not this
+        self._stats.alone_retries += 1
+        self._queue.insert(0, job)
+        return True
+
     def _release(self, job: _Job) -> None:
         """The job left its judge worker (answered, wedged or died)."""
+        for gpu, job_id in list(self._alone_on.items()):
+            if job_id == job.id:
+                del self._alone_on[gpu]
         left = self._in_flight.get(job.baseline_key, 1) - 1
         if left > 0:
             self._in_flight[job.baseline_key] = left
@@ -484,7 +530,7 @@ class Pool:
                 job.prebuild = "running"
                 slot.state, slot.since, slot.job = "busy", now, job
             else:
-                job = self._pick(slot.device_name)
+                job = self._pick(slot)
                 if job is None:
                     continue
                 try:
@@ -499,16 +545,34 @@ class Pool:
                 elif job.prebuild == "queued":
                     job.prebuild = "none"  # too late to help: the judge builds it
                 job.started, job.device_name = now, slot.device_name
+                if job.alone and slot.gpu is not None:
+                    self._alone_on[slot.gpu] = job.id
                 warm = job.baseline_key in self._warm
                 job.deadline = now + self.time_limit_s + (0.0 if warm else self.baseline_allowance_s)
                 self._in_flight[job.baseline_key] = self._in_flight.get(job.baseline_key, 0) + 1
                 slot.state, slot.since, slot.job = "busy", now, job
 
-    def _pick(self, device_name: str) -> _Job | None:
-        """The job an idle judge worker of GPU model `device_name` takes (removed from the queue), or None."""
+    def _pick(self, slot: _Slot) -> _Job | None:
+        """The job an idle judge worker takes (removed from the queue), or None."""
+        device_name, gpu = slot.device_name, slot.gpu
+        if gpu is not None and gpu in self._alone_on:
+            return None  # a candidate is judged alone on this GPU
+        # A candidate to be judged alone: the first GPU with an idle judge drains for it (its
+        # judges finish what they hold and take nothing new), then one of them takes it.
+        alone = next((j for j in self._queue if j.alone and not j.future.cancelled()), None)
+        if alone is not None and gpu is not None:
+            if alone.alone_gpu is None or not any(s.gpu == alone.alone_gpu and s.state != "dead"
+                                                  for s in self._slots if s.role == "judge"):
+                alone.alone_gpu = gpu
+            if alone.alone_gpu == gpu:
+                if any(s.role == "judge" and s.gpu == gpu and s is not slot and s.state == "busy"
+                       for s in self._slots):
+                    return None
+                self._queue.remove(alone)
+                return alone
         while True:
-            eligible = [j for j in self._queue
-                        if (key := (j.task.id, device_name)) in self._warm or not self._in_flight.get(key)]
+            eligible = [j for j in self._queue if not j.alone and (
+                        (key := (j.task.id, device_name)) in self._warm or not self._in_flight.get(key))]
             if not eligible:
                 return None
             job = next((j for j in eligible if j.prebuild in ("none", "done")), eligible[0])
