@@ -66,6 +66,10 @@ START_ATTEMPTS = 3      # consecutive failed starts before a worker slot is give
 _GPU_OOM = re.compile(r"CUDA out of memory|cudaErrorMemoryAllocation|CUDA error: out of memory")
 ALONE_NOTE = ("judged again alone on its GPU: the first try ran out of GPU memory while other judges "
               "of that GPU held theirs")
+# the verdicts a GPU allocation that failed can end in (the judge's own, the candidate's init,
+# forward, process death or memory limit); a build, load or policy failure is settled before any
+_MEMORY_FAILURES = frozenset({FailureCategory.JUDGE, FailureCategory.INIT, FailureCategory.RUNTIME,
+                              FailureCategory.CRASH, FailureCategory.OOM})
 
 
 class PoolError(RuntimeError):
@@ -431,12 +435,15 @@ class Pool:
             return False
         if not any(s is not slot and s.role == "judge" and s.gpu == slot.gpu for s in self._slots):
             return False  # the GPU was its judge's alone: memory others held is not why
-        failure = message.verdict.failure if message.verdict is not None else None
-        text = failure.message if failure is not None else (message.judge_error or "")
-        if (message.verdict is not None and failure is None) or not _GPU_OOM.search(text or ""):
+        if message.verdict is None:
+            text = message.judge_error or ""
+        elif message.verdict.failure is not None and message.verdict.failure.category in _MEMORY_FAILURES:
+            text = message.verdict.failure.message
+        else:
+            return False
+        if not _GPU_OOM.search(text):
             return False
         job.alone, job.deadline = True, None
-        job.attempts -= 1    # the death retries (max_attempts) count deaths, not this
         self._stats.alone_retries += 1
         self._queue.insert(0, job)
         return True
@@ -497,7 +504,7 @@ class Pool:
                 job.prebuild = "none"
         elif job is not None:
             self._release(job)
-            if job.attempts < self.pool_config.max_attempts:
+            if job.attempts < self.pool_config.max_attempts + job.alone:  # the try alone is not a death
                 self._stats.retries += 1
                 job.deadline = None
                 self._queue.insert(0, job)

@@ -10,14 +10,14 @@
 """
 
 from .builder import (INLINE_PRELUDE, LIGHT_DIR, LIGHT_EXTENSION_H, OPS_DIR, OPS_HEADER, SHARED_BINDING, BuildError,
-                      Builder, BuildSpec, build_arch, ops_header, check_flags, clean_flags, inline_spec, library_imports, trim_compiler_output,
-                      workspace_spec)
+                      Builder, BuildSpec, build_arch, check_flags, clean_flags, inline_spec, library_imports,
+                      ops_header, trim_compiler_output, workspace_spec)
 from .plan import (BuildOutcome, BuildPlan, build_planned, build_spec, inline_refusal, plan_build, spec_from_request,
                    static_load_inline_calls, workspace_slot)
 from .candidate import CandidateBuilds  # last: it imports the observers, which take BuildSpec from here
 
-__all__ = ["INLINE_PRELUDE", "LIGHT_DIR", "LIGHT_EXTENSION_H", "OPS_DIR", "OPS_HEADER", "SHARED_BINDING", "BuildError", "BuildOutcome",
-           "BuildPlan", "BuildSpec", "Builder", "CandidateBuilds", "build_arch", "build_planned", "build_spec",
+__all__ = ["INLINE_PRELUDE", "LIGHT_DIR", "LIGHT_EXTENSION_H", "OPS_DIR", "OPS_HEADER", "SHARED_BINDING", "BuildError",
+           "BuildOutcome", "BuildPlan", "BuildSpec", "Builder", "CandidateBuilds", "build_arch", "build_planned", "build_spec",
            "check_flags", "clean_flags", "inline_refusal", "inline_spec", "library_imports", "ops_header", "plan_build",
            "spec_from_request", "static_load_inline_calls", "trim_compiler_output", "workspace_slot",
            "workspace_spec"]

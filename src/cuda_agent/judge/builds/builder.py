@@ -674,9 +674,9 @@ class Builder:
             if headers == "light":
                 texts = {"extension.h": LIGHT_EXTENSION_H}
             else:
-                one = f'#include "{OPS_HEADER}"\n'
-                texts = {OPS_HEADER: ops_header(text for rel, text in spec.sources if not rel.endswith(".cpp")), "types.h": one,
-                         "extension.h": one}
+                one = f'#include "{OPS_HEADER}"\n'   # both of torch's names lead to the one stand-in
+                called = (text for rel, text in spec.sources if not rel.endswith(".cpp"))  # not the bindings
+                texts = {OPS_HEADER: ops_header(called), "types.h": one, "extension.h": one}
             (root / "torch").mkdir(parents=True, exist_ok=True)
             for path in (root, root / "torch"):
                 path.chmod(0o755)
