@@ -90,6 +90,29 @@ def _run(make, calls=6, seed=0):
     return oks, run_z(zs)
 
 
+def test_detection_compares_large_outputs_in_chunks_with_the_same_answers():
+    """The two runs are compared a chunk at a time (a whole output's float64 copies would hold many
+    times its size on a GPU other judges share): chunks of 7 elements give the answers one chunk does."""
+    from cuda_agent.judge.stochastic import _differs
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1000, generator=g)
+    dropped = x * (torch.rand(1000, generator=g) > 0.2) / 0.8
+    rounding = x * (1 + 1e-7 * torch.randn(1000, generator=g))
+    nan_x = x.clone()
+    nan_x[[5, 500]] = float("nan")
+    nan_moved = x.clone()
+    nan_moved[[6, 500]] = float("nan")
+    inf_both = x.clone()
+    inf_both[17] = float("inf")
+    cases = [([x], [x.clone()]), ([x], [rounding]), ([x], [dropped]), ([nan_x], [nan_moved]), ([nan_x], [nan_x.clone()]),
+             ([inf_both], [inf_both.clone()]), ([x, torch.arange(4)], [x, torch.arange(4) + 1])]
+    answers = [(_differs(a, b, 1e-2, 1e-2, chunk=7), _differs(a, b, 1e-2, 1e-2, chunk=1 << 30)) for a, b in cases]
+    assert [small for small, _ in answers] == [whole for _, whole in answers]
+    assert [small is None for small, _ in answers] == [True, True, False, False, True, True, False]
+    assert "NaN positions" in answers[3][0] and answers[6][0].startswith("output 1")
+
+
 def test_a_correct_sampler_with_its_own_random_numbers_passes_every_call_and_the_run():
     for seed in range(3):
         oks, z = _run(lambda z, draw, own: draw(gen=own), seed=seed)
