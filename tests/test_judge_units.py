@@ -68,6 +68,24 @@ def test_compare_nan_and_inf_placement():
     assert "Inf" in compare_outputs([x], [z], **TOL).message
 
 
+def test_all_finite_answers_from_one_sum_and_checks_a_sum_that_overflowed():
+    """The comparison's finiteness check reads one sum (an Inf or NaN anywhere makes it non-finite)
+    and looks element by element only when the sum is not finite: finite elements whose sum
+    overflows are still all finite, and an Inf that a -Inf cancels into NaN is still caught."""
+    from cuda_agent.judge.compare import all_finite
+
+    big = torch.full((8,), 3e38)                      # every element finite, their float32 sum is Inf
+    assert not torch.isfinite(big.sum()) and all_finite(big)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(64)
+        x[7] = bad
+        assert not all_finite(x)
+    both = torch.randn(64)
+    both[[3, 9]] = torch.tensor([float("inf"), -float("inf")])
+    assert not all_finite(both) and all_finite(torch.randn(3, 5)) and all_finite(torch.empty(0))
+    assert all_finite(torch.randn(16, dtype=torch.float64))
+
+
 def test_zero_output_of_tiny_reference_fails_normwise_check():
     ref = torch.softmax(torch.randn(4, 100_000), dim=-1)  # every value far below atol
     zeros = torch.zeros_like(ref)

@@ -172,6 +172,7 @@ def check_task(source: str, *, device: str = "cpu", sets: int = 30, rel: float =
     output moving more than JUMP_GROWTH times as far as linear scaling predicts (a jump or a pole,
     not a smooth but steep task), is tried on `sets_suspect` sets at `rel`."""
     from cuda_agent.judge import JudgeConfig
+    from cuda_agent.judge.compare import all_finite
     from cuda_agent.judge.reference import Reference, _construct, fresh_inputs
     from cuda_agent.tasks import Task
 
@@ -201,7 +202,7 @@ def check_task(source: str, *, device: str = "cpu", sets: int = 30, rel: float =
         xs64 = _as64(xs) if model64 is not None else None
         out = _call(model, xs)
         for i, o in enumerate(out):
-            if isinstance(o, torch.Tensor) and o.is_floating_point() and not bool(torch.isfinite(o).all()):
+            if isinstance(o, torch.Tensor) and o.is_floating_point() and not all_finite(o):
                 n = int((~torch.isfinite(o)).sum())
                 return _done(res, t0, "criterion_nonfinite", f"input set {k}: output {i} has {n} NaN/Inf of "
                                                              f"{o.numel()} values")
