@@ -879,6 +879,8 @@ def test_op_cuda_headers_come_first_then_the_light_stand_in_then_torchs(tmp_path
     order = ["ops", "light", "torch"]
     assert tries == order[:len(fails) + 1]
     assert result.headers == order[len(fails)] and result.light_headers is (result.headers != "torch")
+    again = builder.build(_light_spec())   # found in the cache: the header its build recorded
+    assert again.cached and again.headers == result.headers and len(tries) == len(fails) + 1
 
 
 def test_sources_that_need_pybind11_or_torch_modules_go_straight_to_torchs_header(tmp_path, monkeypatch):

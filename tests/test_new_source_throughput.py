@@ -36,6 +36,15 @@ def test_throughput_is_per_gpu_hour_over_the_whole_run_and_the_steady_part():
     assert nst.summarize(ENTRIES, wall_s=360.0, gpus=2, judges=2)["per_gpu_hour"] == pytest.approx(15.0)
 
 
+def test_the_report_counts_the_cuda_builds_by_the_header_they_were_compiled_with():
+    entries = [_entry(k, "t", 100.0 + i, dict(_verdict(True, 5.0), build_headers=h))
+               for i, (k, h) in enumerate((("a", ["ops"]), ("b", ["light"]), ("c", ["ops", "torch"]), ("d", [])))]
+    r = nst.summarize(entries, wall_s=60.0, gpus=1, judges=1)
+    assert r["build_headers"] == {"ops": 2, "light": 1, "torch": 1}
+    assert "{'ops': 2, 'light': 1, 'torch': 1}" in nst.render(r)
+    assert nst.summarize(ENTRIES, wall_s=60.0, gpus=1, judges=1)["build_headers"] == {}  # verdicts before the field
+
+
 def test_where_the_time_goes_splits_the_judges_time_and_counts_the_rest_as_other():
     r = nst.summarize(ENTRIES, wall_s=100.0, gpus=1, judges=1)
     total = r["phase_s_total"]

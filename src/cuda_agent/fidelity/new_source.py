@@ -22,7 +22,8 @@ Reported (OUT/throughput.json and on stdout):
   judge worker: `build` (waiting for or doing the build), `baseline` (a task's first candidate
   measures its baselines), `start` (process start, ModelNew), `calls` (verification and timing),
   `memcheck`, `other` (the judge's own rest); and the judge workers' busy share of the wall time;
-- verdicts: correct, failed by category, judge or pool errors.
+- verdicts: correct, failed by category, judge or pool errors; which header the CUDA builds'
+  `.cu` files were compiled with (the judge's op or light stand-in, or torch's own).
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def summarize(entries: list[dict], wall_s: float | None, gpus: int, judges: int)
         "judge_busy": judge_s / (wall_s * judges) if wall_s and judges else None,
         "built_ahead": sum(bool((v.get("phase_s") or {}).get("prebuild")) for v in verdicts),
         "build_cached": sum(v.get("build_cached") is True for v in verdicts),
+        # which of torch's headers the CUDA builds' .cu files were compiled with (ops, light, torch)
+        "build_headers": dict(Counter(h for v in verdicts for h in v.get("build_headers") or [])),
         "median_judge_s": statistics.median(float(v.get("judge_s") or 0.0) for v in verdicts) if verdicts else None,
     }
 
@@ -92,7 +95,8 @@ def render(report: dict) -> str:
              f"pool start included), {num(report['steady_per_gpu_hour'])} first to last verdict; "
              f"judge workers busy {num(report['judge_busy'] and 100 * report['judge_busy'])}%",
              f"built ahead by compile workers: {report['built_ahead']}, build cache hits on the judge: "
-             f"{report['build_cached']}; median judge time per candidate {num(report['median_judge_s'], '{:.1f}')} s",
+             f"{report['build_cached']}; CUDA builds by header {report.get('build_headers') or '-'}; "
+             f"median judge time per candidate {num(report['median_judge_s'], '{:.1f}')} s",
              "seconds per candidate: " + ", ".join(f"{k} {v}" for k, v in report["phase_s_per_candidate"].items())]
     return "\n".join(lines)
 

@@ -128,6 +128,9 @@ class Verdict(BaseModel):
     compile_mode: str | None = None
     build_s: float | None = None
     build_cached: bool | None = None
+    # per CUDA build, which header its .cu files were compiled with: "ops" or "light" (the judge's
+    # stand-ins, JudgeConfig.op_cuda_headers / light_cuda_headers) or "torch" (torch's own)
+    build_headers: list[str] = Field(default_factory=list)
     judge_s: float | None = None
     phase_s: dict[str, float] = Field(default_factory=dict)  # where the time went: build, baseline, start, calls (calls:* splits calls)
     max_abs_err: float | None = None

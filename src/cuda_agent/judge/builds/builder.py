@@ -127,10 +127,13 @@ class BuildResult(BaseModel):
     cached: bool
     key: str
     light_headers: bool = False   # the .cu files were compiled with a stand-in header (a fresh build only)
-    headers: str = "torch"        # which: "ops" (OPS_HEADER), "light" (LIGHT_EXTENSION_H) or torch's own
+    # which header the .cu files saw: "ops" (OPS_HEADER), "light" (LIGHT_EXTENSION_H), "torch" (its
+    # own, or no .cu); for a cached library what its build recorded (None: a cache older than that)
+    headers: str | None = "torch"
 
 
 IMPORTS_FILE = "imports.json"
+HEADERS_FILE = "headers.txt"   # beside a cached library: which header its .cu files were built with
 SHARED_BINDING = "binding.o"   # the fixed binding.cpp, compiled once beside the precompiled header
 REGISTRY_HEADER = "binding_registry.h"
 # load_inline's `#include <torch/extension.h>`, moved into a header of the judge's next to main.cpp,
@@ -445,7 +448,8 @@ class Builder:
         t0 = time.monotonic()
         cached = self.lookup(spec)
         if cached:
-            return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key)
+            return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key,
+                               headers=_recorded_headers(cached))
         # each list on its own: a two-token flag must not pair across compiler and linker lines
         bad = check_flags(spec.cflags) + check_flags(spec.cuda_cflags) + check_flags(spec.ldflags)
         if bad:
@@ -456,7 +460,8 @@ class Builder:
             fcntl.flock(key_lock, fcntl.LOCK_EX)
             cached = self.lookup(spec)
             if cached:
-                return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key)
+                return BuildResult(library=cached, seconds=time.monotonic() - t0, cached=True, key=key,
+                                   headers=_recorded_headers(cached))
             bdir, lock = self._claim_folder(spec)
             with lock:
                 return self._build_locked(spec, key, bdir, t0)
@@ -494,6 +499,7 @@ class Builder:
         # from its sources, read by the judge. The linked library also carries the CUDA
         # runtime's imports (ioctl, dlopen, threads), which are not the candidate's doing.
         (tmp / IMPORTS_FILE).write_text(json.dumps(object_imports(bdir / "out")))
+        (tmp / HEADERS_FILE).write_text(used)
         try:
             os.rename(tmp, dest)
         except OSError:  # another judge finished the same key first
@@ -720,6 +726,13 @@ class Builder:
             log_file = bdir / "process.log"
             if log_file.exists():
                 log_file.unlink()
+
+
+def _recorded_headers(library: Path) -> str | None:
+    try:
+        return (library.parent / HEADERS_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _touch(path: Path) -> None:

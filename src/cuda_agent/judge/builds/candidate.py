@@ -72,6 +72,8 @@ class CandidateBuilds:
             v.policy_violations.extend(built.violations)
             raise Stop(FC.POLICY, built.violations[0])
         v.build_cached = built.cached if v.build_cached is None else (v.build_cached and built.cached)
+        if spec.with_cuda and built.headers:
+            v.build_headers.append(built.headers)
         return built.library
 
     def serve(self, msg: BuildRequest | dict, proc: Sandboxed, ev: Evaluation) -> BuildAnswer:

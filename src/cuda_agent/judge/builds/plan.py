@@ -82,6 +82,7 @@ class SpecBuild(BaseModel):
     library: Path | None = None
     seconds: float = 0.0
     cached: bool = False
+    headers: str | None = None     # which of torch's headers its .cu files saw (BuildResult.headers)
     failure: Failure | None = None
     violations: list[str] = Field(default_factory=list)
     note: str | None = None
@@ -177,7 +178,8 @@ def build_spec(builder: Builder, spec: BuildSpec, *, policy: str, device: str,
     except BuildError as exc:
         category = FailureCategory.COMPILE_TIMEOUT if exc.timeout else FailureCategory.COMPILE
         return SpecBuild(key=key, failure=Failure(category=category, message=str(exc)))
-    built = SpecBuild(key=result.key, library=result.library, seconds=result.seconds, cached=result.cached)
+    built = SpecBuild(key=result.key, library=result.library, seconds=result.seconds, cached=result.cached,
+                      headers=result.headers)
     symbols = library_imports(result.library)
     if symbols is None:
         built.note = "nm not found: the compiled extension's imports were not checked"
