@@ -126,10 +126,14 @@ class BuildResult(BaseModel):
     seconds: float
     cached: bool
     key: str
-    light_headers: bool = False   # the .cu files were compiled with a stand-in header (a fresh build only)
     # which header the .cu files saw: "ops" (OPS_HEADER), "light" (LIGHT_EXTENSION_H), "torch" (its
     # own, or no .cu); for a cached library what its build recorded (None: a cache older than that)
     headers: str | None = "torch"
+
+    @property
+    def light_headers(self) -> bool:
+        """The .cu files were compiled with one of the judge's stand-ins for torch's header."""
+        return self.headers in ("ops", "light")
 
 
 IMPORTS_FILE = "imports.json"
@@ -505,7 +509,7 @@ class Builder:
         except OSError:  # another judge finished the same key first
             shutil.rmtree(tmp, ignore_errors=True)
         return BuildResult(library=dest / f"{spec.name}.so", seconds=time.monotonic() - t0, cached=False, key=key,
-                           light_headers=used != "torch", headers=used)
+                           headers=used)
 
     def _header_tiers(self, spec: BuildSpec) -> list[str]:
         """The stand-in headers a build tries before torch's own, lightest first: only for .cu files
