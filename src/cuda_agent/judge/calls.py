@@ -704,15 +704,26 @@ def stochastic_call(v: Verdict, kind: str, drawn: int, cmp) -> None:
         if k >= len(s.z_sum):
             s.z_sum.append(0.0)
             s.z_calls.append(0)
+            s.ks_r_sum.append(0.0)
         s.z_sum[k] += z
         s.z_calls[k] += 1
+        s.ks_r_sum[k] += cmp.draws_ks_r[k] if k < len(cmp.draws_ks_r) else 0.0
 
 
 def stochastic_run(v: Verdict) -> None:
-    """The spread test over all the training-mode calls so far (stochastic.Z_RUN)."""
+    """The rank and spread tests over all the training-mode calls so far (stochastic.run_ks_bound,
+    stochastic.Z_RUN)."""
     s = v.stochastic
     if s is None:
         return
+    for k, (total, n) in enumerate(zip(s.ks_r_sum, s.z_calls)):
+        bound = stochastic.run_ks_bound(n)
+        if bound is not None and total / n > bound:
+            raise _Stop(FC.MISMATCH, f"output {k}: not distributed like the stochastic reference over the run: the "
+                                     f"Kolmogorov-Smirnov distance of its ranks among the reference's draws is "
+                                     f"{total / n:.3g}x the draws' own on average over {n} training-mode calls "
+                                     f"(bound {bound:.3g}): the random part left out, replaced by its expectation, "
+                                     f"or drawn from another distribution")
     for k, (total, n) in enumerate(zip(s.z_sum, s.z_calls)):
         z = total / math.sqrt(n) if n else 0.0
         if abs(z) > stochastic.Z_RUN:

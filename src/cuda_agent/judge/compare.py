@@ -26,9 +26,11 @@ class Comparison:
     # candidate's response to perturbed inputs then shows float32 resolution (response_error)
     approximate: tuple[int, ...] = ()
     # a stochastic reference's statistical check (stochastic.compare_draws): per output, the z-score
-    # of the candidate's spread against the reference's draws (the run adds them up), and the worst
-    # Kolmogorov-Smirnov distance of its ranks among the draws from uniform, with that output's bound
+    # of the candidate's spread against the reference's draws and the Kolmogorov-Smirnov distance of
+    # its ranks over the draws' mean distance (the run adds both up), and the worst distance with
+    # that output's bound
     draws_z: tuple[float, ...] = ()
+    draws_ks_r: tuple[float, ...] = ()
     draws_ks: float | None = None
     draws_ks_bound: float | None = None
 

@@ -108,6 +108,9 @@ class StochasticCheck(BaseModel):
     # (the run's z is z_sum / sqrt(z_calls); stochastic.Z_RUN bounds it)
     z_sum: list[float] = Field(default_factory=list)
     z_calls: list[int] = Field(default_factory=list)
+    # per output, the rank test's KS distance over the draws' mean distance summed over the same
+    # calls (the run's mean is ks_r_sum / z_calls; stochastic.run_ks_bound bounds it)
+    ks_r_sum: list[float] = Field(default_factory=list)
 
 
 class Verdict(BaseModel):
