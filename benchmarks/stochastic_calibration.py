@@ -77,7 +77,7 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
     rows, cols = (int(x) for x in dims.split("x"))
     gz, gref, gown = (torch.Generator().manual_seed(seed * 7919 + k) for k in range(3))
     refused = old_refused = 0
-    closest, ratios, own_ratios = 0.0, [], []
+    closest, ratios, own_ratios, zs, run_zs = 0.0, [], [], [], []
     runs = run_refused = old_run_refused = 0
     run_r, run_z, run_bad, old_bad = [], [], False, False
     for c in range(calls):
@@ -94,6 +94,7 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
         ratios.append(cmp.draws_ks_r[0])
         run_r.append(cmp.draws_ks_r[0])
         run_z.append(cmp.draws_z[0])
+        zs.append(cmp.draws_z[0])
         # the draws' own distances (the same ranks: the same tie seed): the earlier rule (RATIO x
         # the draws' worst alone, no run rank test) and, for honest calls, their ratios leave one out
         st = S._column_stats([d[0] for d in draws], cand, torch.Generator().manual_seed(tie_seed))
@@ -109,12 +110,15 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
             bound = S.run_ks_bound(run_calls)
             run_bad |= (bound is not None and sum(run_r) / run_calls > bound) or abs(S.run_z(run_z)) > S.Z_RUN
             old_bad |= abs(S.run_z(run_z)) > S.Z_RUN
+            run_zs.append(S.run_z(run_z))
             runs += 1
             run_refused += run_bad
             old_run_refused += old_bad
             run_r, run_z, run_bad, old_bad = [], [], False, False
     return {"shape": shape, "variant": variant, "calls": calls, "refused": refused, "old_rule_refused": old_refused,
             "closest": closest, "mean_ratio": sum(ratios) / len(ratios), "max_ratio": max(ratios), "runs": runs,
+            "z_sd": float(torch.tensor(zs).std()) if len(zs) > 1 else None,
+            "max_abs_run_z": max(map(abs, run_zs), default=None),
             "runs_refused": run_refused, "old_rule_runs_refused": old_run_refused,
             "_ratios": ratios + own_ratios if variant == "honest" else []}
 
@@ -174,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     print("  P(ratio > t): " + "  ".join(f"{t:g}: {p:.1e}" for t, p in tail["p_over"].items()))
     print("  resampled run means over run_ks_bound: " + "  ".join(
         f"{m} calls (bound {v['bound']:.3g}): {v['hits']} of {v['resamples']}" for m, v in tail["run_means_over_bound"].items()))
+    honest = [r for r in rows if r["variant"] == "honest" and r["z_sd"] is not None]
+    if honest:
+        print("  honest spread z: per-call standard deviation " + ", ".join(f"{r['z_sd']:.2f}" for r in honest)
+              + f"; largest |run z| {max((r['max_abs_run_z'] or 0.0) for r in honest):.2f} (Z_RUN {S.Z_RUN:g})")
     print(f"{result['seconds']:.0f} s")
     if args.out:
         with open(args.out, "w") as f:

@@ -61,10 +61,12 @@ RATIO = 2.0
 # correlated (dropout before a softmax: a row's kept values rise and fall together with its
 # denominator) a draw's distance has a heavier tail than Kolmogorov's, and the 17 leave-one-out
 # distances, all taken among the same draws, move together: their worst can sit low while the
-# candidate's honest distance sits high. RATIO x the worst alone then refused 1 to 14 honest calls
-# in 10,000 at 16x64 to 128x256 softmax outputs (benchmarks/stochastic_calibration.py); the
-# distance over the draws' mean falls off about 6x per 0.5 beyond 4 (2e-5 above 4.5, none of
-# 270,000 above 5.3), so 7x is ~1e-8 a call. Wrong samplers of that shape sit at 5.6-14x.
+# candidate's honest distance sits high. RATIO x the worst alone refused 6 of 16,000 honest calls
+# of four softmax shapes (6 of 996 runs of 16 calls; benchmarks/stochastic_calibration.py, dated
+# in docs/results). The distance over the draws' mean exceeded 3 at 2.8e-3, 4 at 1.3e-4, 4.5 at
+# 1.7e-5 and 5 never in 180,000 (softmax 16x64 and 64x128), falling ~8x per half unit, so 7x is
+# about 1e-9 a call. Wrong samplers average 0.6-70x: those under 7x fail the run test below, or
+# the spread test where they sit near 1 (an expectation is at the right ranks, too close).
 MEAN_RATIO = 7.0
 # ... and never below this over sqrt(elements): Kolmogorov's tail P(sqrt(n) KS > 2.5) ~ 1e-5, for
 # outputs so small that the draws' own distances are coarse.
@@ -90,9 +92,9 @@ Z_RUN = 5.0
 # The rank test over the run: per output, the candidate's KS distance over the draws' mean distance
 # (about 1.0 +- 0.5 for a correct sampler, with the heavy right tail above), averaged over the
 # training-mode calls, at most 1 + KS_RUN_SPREAD / sqrt(calls) once there are KS_RUN_MIN_CALLS of
-# them. Resampled from 270,000 honest ratios: the mean of 6 calls above 2.51 about 5e-7, of 8 above
-# 2.31 and of 16 above 1.93 never in 2,000,000 runs. A sampler wrong by a margin too small for
-# MEAN_RATIO on one call (3-7x on every call) fails here.
+# them. Runs of 6, 8 and 16 calls resampled from the honest ratios (216,000 over eight shapes;
+# 180,000 of the two softmax shapes) never exceeded it in 2,000,000 each. A sampler wrong by too
+# little for MEAN_RATIO on one call (2-7x on every call) fails here.
 KS_RUN_SPREAD = 3.7
 KS_RUN_MIN_CALLS = 6
 # Two values within this relative distance (plus TIE_ATOL times the draws' RMS) are the same
