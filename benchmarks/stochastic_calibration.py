@@ -10,8 +10,9 @@ calls form runs (as the judge's training-mode calls do) for the run tests (`run_
 
 For the honest calls it also reports the tail of the rank test's ratio (the candidate's KS distance
 over the draws' mean; each draw's own ratio to the others' mean, leave one out, pooled in) and run
-means resampled from those ratios against `run_ks_bound`; for every sampler, the calls and runs
-the earlier rule (one call's bound RATIO x the draws' worst alone, no run rank test) refused. Prints a table; --out writes it as JSON.
+means resampled from those ratios against `run_ks_bound`, and the tail of the spread test's per-call z; for every
+sampler, the calls and runs the earlier check (one call's bound RATIO x the draws' worst alone, no
+run rank test, the spread test at EARLIER_Z_CALL and EARLIER_Z_RUN) refused. Prints a table; --out writes it as JSON.
 
     python benchmarks/stochastic_calibration.py --calls 400 --wrong-calls 48
     python benchmarks/stochastic_calibration.py --calls 5000 --shapes softmax:64x128 --out calib.json
@@ -30,6 +31,10 @@ import torch
 from cuda_agent.judge import stochastic as S
 
 P = 0.2
+# The check before 2026-12-07, for the "before" columns: one call's rank bound RATIO x the draws'
+# worst alone (no MEAN_RATIO, no run rank test), the spread test at these bounds.
+EARLIER_Z_CALL = 8.0
+EARLIER_Z_RUN = 5.0
 SHAPES = ["softmax:16x64", "softmax:64x128", "softmax:128x256", "softmax:4x4096", "last:128x256",
           "rowsum:128x256", "noise:64x256", "bernoulli:64x64"]
 
@@ -101,7 +106,7 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
         ks = S._ks(st.counts)
         own = ks[1:]
         old_call = float(ks[0]) > max(S.RATIO * float(own.max()), S.FLOOR_SQRT_N / math.sqrt(st.n)) \
-            or abs(cmp.draws_z[0]) > S.Z_CALL
+            or abs(cmp.draws_z[0]) > EARLIER_Z_CALL
         old_refused += old_call
         old_bad |= old_call
         if variant == "honest":
@@ -109,7 +114,7 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
         if len(run_r) == run_calls:
             bound = S.run_ks_bound(run_calls)
             run_bad |= (bound is not None and sum(run_r) / run_calls > bound) or abs(S.run_z(run_z)) > S.Z_RUN
-            old_bad |= abs(S.run_z(run_z)) > S.Z_RUN
+            old_bad |= abs(S.run_z(run_z)) > EARLIER_Z_RUN
             run_zs.append(S.run_z(run_z))
             runs += 1
             run_refused += run_bad
@@ -117,10 +122,10 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
             run_r, run_z, run_bad, old_bad = [], [], False, False
     return {"shape": shape, "variant": variant, "calls": calls, "refused": refused, "old_rule_refused": old_refused,
             "closest": closest, "mean_ratio": sum(ratios) / len(ratios), "max_ratio": max(ratios), "runs": runs,
-            "z_sd": float(torch.tensor(zs).std()) if len(zs) > 1 else None,
-            "max_abs_run_z": max(map(abs, run_zs), default=None),
+            "z_sd": float(torch.tensor(zs).std()) if len(zs) > 1 else None, "max_abs_z": max(map(abs, zs)),
+            "max_abs_run_z": max(map(abs, run_zs), default=None), "min_abs_run_z": min(map(abs, run_zs), default=None),
             "runs_refused": run_refused, "old_rule_runs_refused": old_run_refused,
-            "_ratios": ratios + own_ratios if variant == "honest" else []}
+            "_ratios": ratios + own_ratios if variant == "honest" else [], "_zs": zs if variant == "honest" else []}
 
 
 def tails(ratios: list[float], run_sizes=(6, 8, 16), resamples=2_000_000, seed=0) -> dict:
@@ -152,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.calls < 1 or args.wrong_calls < 1 or args.run_calls < 1:
         ap.error("--calls, --wrong-calls and --run-calls must be >= 1")
     t0 = time.monotonic()
-    rows, pooled = [], []
+    rows, pooled, pooled_z = [], [], []
+    # |run z|: the largest for honest samplers (how near a false refusal), the smallest for wrong ones
     print(f"{'':18s} {'':24s} {'':6s} {'calls refused':>17s} {'':8s} {'':7s} {'':7s} {'runs refused':>16s}")
     print(f"{'shape':18s} {'sampler':24s} {'calls':>6s} {'now':>8s} {'before':>8s} {'closest':>8s} "
-          f"{'r mean':>7s} {'r max':>7s} {'now':>8s} {'before':>7s}")
+          f"{'r mean':>7s} {'r max':>7s} {'now':>8s} {'before':>7s} {'|run z|':>8s}")
     for i, shape in enumerate(s.strip() for s in args.shapes.split(",") if s.strip()):
         kind = shape.split(":")[0]
         if kind not in ("softmax", "last", "rowsum", "noise", "bernoulli"):
@@ -164,11 +170,17 @@ def main(argv: list[str] | None = None) -> int:
             n = args.calls if variant == "honest" else args.wrong_calls
             row = run_shape(shape, variant, n, args.run_calls, args.seed * 1000 + i)
             pooled += row.pop("_ratios")
+            pooled_z += row.pop("_zs")
             rows.append(row)
+            run_z = row["max_abs_run_z"] if variant == "honest" else row["min_abs_run_z"]
             print(f"{shape:18s} {variant:24s} {n:6d} {row['refused']:8d} {row['old_rule_refused']:8d} "
                   f"{row['closest']:8.3f} {row['mean_ratio']:7.2f} {row['max_ratio']:7.2f} "
-                  f"{row['runs_refused']:3d} of {row['runs']:<3d} {row['old_rule_runs_refused']:6d}", flush=True)
+                  f"{row['runs_refused']:3d} of {row['runs']:<3d} {row['old_rule_runs_refused']:6d} "
+                  + (f"{run_z:8.1f}" if run_z is not None else f"{'':8s}"), flush=True)
+    z = torch.tensor(pooled_z, dtype=torch.float64).abs()
     result = {"rows": rows, "honest_tail": tails(pooled, resamples=args.resamples, seed=args.seed),
+              "honest_z": {"pooled": z.numel(), "max": float(z.max()) if z.numel() else None,
+                           "p_over": {t: float((z > t).double().mean()) if z.numel() else None for t in (3, 4, 5, 6)}},
               "seconds": time.monotonic() - t0, "torch": torch.__version__,
               "constants": {"DRAWS": S.DRAWS, "RATIO": S.RATIO, "MEAN_RATIO": S.MEAN_RATIO,
                             "FLOOR_SQRT_N": S.FLOOR_SQRT_N, "KS_RUN_SPREAD": S.KS_RUN_SPREAD,
@@ -180,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{m} calls (bound {v['bound']:.3g}): {v['hits']} of {v['resamples']}" for m, v in tail["run_means_over_bound"].items()))
     honest = [r for r in rows if r["variant"] == "honest" and r["z_sd"] is not None]
     if honest:
-        print("  honest spread z: per-call standard deviation " + ", ".join(f"{r['z_sd']:.2f}" for r in honest)
-              + f"; largest |run z| {max((r['max_abs_run_z'] or 0.0) for r in honest):.2f} (Z_RUN {S.Z_RUN:g})")
+        hz = result["honest_z"]
+        print("honest spread z per call: standard deviation " + ", ".join(f"{r['z_sd']:.2f}" for r in honest)
+              + f"; pooled ({hz['pooled']}) P(|z| > t): " + "  ".join(f"{t:g}: {p:.1e}" for t, p in hz["p_over"].items())
+              + f"; largest {hz['max']:.2f} (Z_CALL {S.Z_CALL:g})")
+        print(f"  largest honest |run z| {max((r['max_abs_run_z'] or 0.0) for r in honest):.2f} (Z_RUN {S.Z_RUN:g})")
     print(f"{result['seconds']:.0f} s")
     if args.out:
         with open(args.out, "w") as f:
