@@ -17,9 +17,10 @@ judged in two parts (calls.py):
   the draws' worst or MEAN_RATIO times their mean (never under FLOOR_SQRT_N / sqrt(n)) on one
   call, and over the run its ratio to the draws' mean, averaged over the calls, at most
   1 + KS_RUN_SPREAD / sqrt(calls). Spread: the candidate's mean L1 distance to the draws, as a
-  z-score against the draws' own (Z_CALL per call; Z_RUN for the calls' sum over the run). Outputs with the random part left out (the eval-mode value in training mode),
-  replaced by its expectation (a uniform softmax, a Monte Carlo mean), with the wrong kept
-  fraction or the wrong scaling sit at the wrong ranks or too close to (far from) the draws.
+  z-score against the draws' own (Z_CALL per call; Z_RUN for the calls' sum over the run).
+  Outputs with the random part left out (the eval-mode value in training mode), replaced by its
+  expectation (a uniform softmax, a Monte Carlo mean), with the wrong kept fraction or the wrong
+  scaling sit at the wrong ranks or too close to (far from) the draws.
 
 Randomness that eval() does not switch off (torch.rand in forward, F.dropout with its default
 training=True) gets the statistical check on every call and no exact one; the verdict says so.
@@ -78,18 +79,19 @@ DRAWS_BUDGET_BYTES = 4 << 30
 MIN_DRAWS = 5
 # The spread test: the candidate's mean absolute distance to the draws (summed over elements),
 # against each draw's to the others, as a z-score (their mean and standard deviation). A correct
-# sampler is one more draw (z ~ t with DRAWS degrees of freedom); the random part left out or
+# sampler is one more draw (z near 0, t-like); the random part left out or
 # replaced by its expectation sits closer to the draws than they sit to each other (z < 0), a wrong
 # kept fraction or scaling closer or further. Refused on one call beyond Z_CALL, and over a run
 # where the calls' z summed over sqrt(calls) exceeds Z_RUN (calls.py): a deficit too small to show
 # on one call (the no-dropout output on a small task: z ~ -4) adds up over the warm-up and timed
 # calls, which are all drawn in training mode. An honest call's z is wider than t_16 (the draws'
 # own spreads, each taken among the same draws, vary less than one more draw's, and their
-# standard deviation is itself a noisy estimate): standard deviation 1.1-1.3 over eight shapes,
-# |z| over 4 at 1e-3 and over 5 at 2.5e-4 (benchmarks/stochastic_calibration.py), a tail like a
-# power law of order 9, so 8 refused about one honest call in 200,000; 12 is ~1e-7. Over a run
-# the sum is near normal: 6 is 4.6 standard deviations at the widest, ~4e-6 a run. Wrong samplers'
-# runs sit at |z| 7-680 where this test is the one that refuses them.
+# standard deviation is itself a noisy estimate): standard deviation 1.15-1.19 over eight shapes,
+# |z| over 4 at 2.7e-3, over 5 at 5.8e-4 and over 6 at 8.3e-5 in 12,000 calls
+# (benchmarks/stochastic_calibration.py), a tail like a power law of order 7-11, so 8 refused
+# about one honest call in 200,000 and 12 about one in 10 million. Over a run the sum is near
+# normal: 6 is 5 standard deviations at the widest (~5e-7 a run). Wrong samplers whose ranks pass
+# (an expectation, the output without dropout over four rows) sit at run |z| 8.3-12.8.
 Z_CALL = 12.0
 Z_RUN = 6.0
 # The rank test over the run: per output, the candidate's KS distance over the draws' mean distance
@@ -333,9 +335,9 @@ def compare_draws(draws: list[list], got: list, *, seed: int | None = None) -> C
     the candidate's per-element ranks among the draws must be as close to uniform (KS distance) as
     a draw's, within RATIO, MEAN_RATIO and FLOOR_SQRT_N; and its mean L1 distance to the draws must
     be within Z_CALL standard deviations of a draw's (`draws_z` carries that z and `draws_ks_r` the
-    KS distance over the draws' mean, per output, for the run's tests). Non-finite values must sit where some draw has them; non-tensor outputs must equal
-    every draw's. `draws_ks` of the result holds the worst KS distance against its bound
-    (`draws_ks_bound`)."""
+    KS distance over the draws' mean, per output, for the run's tests). Non-finite values must sit
+    where some draw has them; non-tensor outputs must equal every draw's. `draws_ks` of the result
+    holds the worst KS distance against its bound (`draws_ks_bound`)."""
     if len(draws) < 3:
         raise ValueError(f"compare_draws needs at least 3 reference draws, got {len(draws)}")
     problem = _structure(draws[0], got)
