@@ -812,9 +812,9 @@ def test_light_cuda_headers_are_a_first_try_with_torchs_header_after_it(tmp_path
     assert [f.startswith("-I") for f in jobs[0]["cuda_cflags"]][:1] == [True]
     assert all(not f.startswith("-I") for f in jobs[0]["cflags"])        # main.cpp keeps torch's header
     if first_try == "builds":
-        assert len(jobs) == 1 and result.light_headers
+        assert len(jobs) == 1 and result.headers != "torch"
     else:
-        assert len(jobs) == 2 and not result.light_headers
+        assert len(jobs) == 2 and result.headers == "torch"
         assert not any(LIGHT_DIR in f for f in jobs[1]["cuda_cflags"])
 
 
@@ -838,7 +838,7 @@ def test_light_cuda_headers_leave_other_builds_alone(tmp_path, monkeypatch):
         monkeypatch.setattr(builder, "_run_job", fake_job)
         monkeypatch.setattr("cuda_agent.judge.builds.builder.object_imports", lambda out: {})
         result = builder.build(_light_spec(source, name))
-        assert not result.light_headers
+        assert result.headers == "torch"
     assert len(jobs) == 2 and not any(LIGHT_DIR in f for job in jobs for f in job["cuda_cflags"])
 
 
@@ -878,7 +878,7 @@ def test_op_cuda_headers_come_first_then_the_light_stand_in_then_torchs(tmp_path
     result = builder.build(_light_spec())
     order = ["ops", "light", "torch"]
     assert tries == order[:len(fails) + 1]
-    assert result.headers == order[len(fails)] and result.light_headers is (result.headers != "torch")
+    assert result.headers == order[len(fails)]
     again = builder.build(_light_spec())   # found in the cache: the header its build recorded
     assert again.cached and again.headers == result.headers and len(tries) == len(fails) + 1
 

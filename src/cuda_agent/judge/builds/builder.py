@@ -130,11 +130,6 @@ class BuildResult(BaseModel):
     # own, or no .cu); for a cached library what its build recorded (None: a cache older than that)
     headers: str | None = "torch"
 
-    @property
-    def light_headers(self) -> bool:
-        """The .cu files were compiled with one of the judge's stand-ins for torch's header."""
-        return self.headers in ("ops", "light")
-
 
 IMPORTS_FILE = "imports.json"
 HEADERS_FILE = "headers.txt"   # beside a cached library: which header its .cu files were built with
