@@ -302,12 +302,6 @@ def _column_stats(column: list[torch.Tensor], g: torch.Tensor, gen: torch.Genera
     return st
 
 
-def ks_bound(own: torch.Tensor, n: int) -> float:
-    """One call's bound on the candidate's KS distance, from the draws' own leave-one-out distances
-    `own` over `n` elements: RATIO x their worst, MEAN_RATIO x their mean, FLOOR_SQRT_N / sqrt(n)."""
-    return max(RATIO * float(own.max()), MEAN_RATIO * float(own.mean()), FLOOR_SQRT_N / math.sqrt(n))
-
-
 def _structure(draw: list, got: list) -> str | None:
     """What makes `got` a different structure from the reference's draws, or None."""
     if len(draw) != len(got):
@@ -367,7 +361,7 @@ def compare_draws(draws: list[list], got: list, *, seed: int | None = None) -> C
             continue
         ks = _ks(st.counts)
         dist, own_ks, own_mean = float(ks[0]), float(ks[1:].max()), float(ks[1:].mean())
-        bound = ks_bound(ks[1:], n)
+        bound = max(RATIO * own_ks, MEAN_RATIO * own_mean, FLOOR_SQRT_N / math.sqrt(n))
         rs[i] = dist / own_mean if own_mean > 0 else 0.0
         if dist / bound > closest:
             closest, worst, worst_bound = dist / bound, dist, bound
