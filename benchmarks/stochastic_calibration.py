@@ -84,7 +84,7 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
     refused = old_refused = 0
     closest, ratios, own_ratios, zs, run_zs = 0.0, [], [], [], []
     runs = run_refused = old_run_refused = 0
-    run_r, run_z, run_bad, old_bad = [], [], False, False
+    run_bad = old_bad = False
     for c in range(calls):
         z = torch.randn(rows, cols, generator=gz) * 0.6
         draw = sampler(kind, z)
@@ -97,8 +97,6 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
         if cmp.draws_ks_bound:
             closest = max(closest, cmp.draws_ks / cmp.draws_ks_bound)
         ratios.append(cmp.draws_ks_r[0])
-        run_r.append(cmp.draws_ks_r[0])
-        run_z.append(cmp.draws_z[0])
         zs.append(cmp.draws_z[0])
         # the draws' own distances (the same ranks: the same tie seed): the earlier rule (RATIO x
         # the draws' worst alone, no run rank test) and, for honest calls, their ratios leave one out
@@ -111,15 +109,16 @@ def run_shape(shape: str, variant: str, calls: int, run_calls: int, seed: int) -
         old_bad |= old_call
         if variant == "honest":
             own_ratios += (own / ((own.sum() - own) / (len(own) - 1))).tolist()
-        if len(run_r) == run_calls:
+        if (c + 1) % run_calls == 0:   # a run: the last run_calls calls
             bound = S.run_ks_bound(run_calls)
-            run_bad |= (bound is not None and sum(run_r) / run_calls > bound) or abs(S.run_z(run_z)) > S.Z_RUN
-            old_bad |= abs(S.run_z(run_z)) > EARLIER_Z_RUN
-            run_zs.append(S.run_z(run_z))
+            rz = S.run_z(zs[-run_calls:])
+            run_bad |= (bound is not None and sum(ratios[-run_calls:]) / run_calls > bound) or abs(rz) > S.Z_RUN
+            old_bad |= abs(rz) > EARLIER_Z_RUN
+            run_zs.append(rz)
             runs += 1
             run_refused += run_bad
             old_run_refused += old_bad
-            run_r, run_z, run_bad, old_bad = [], [], False, False
+            run_bad = old_bad = False
     return {"shape": shape, "variant": variant, "calls": calls, "refused": refused, "old_rule_refused": old_refused,
             "closest": closest, "mean_ratio": sum(ratios) / len(ratios), "max_ratio": max(ratios), "runs": runs,
             "z_sd": float(torch.tensor(zs).std()) if len(zs) > 1 else None, "max_abs_z": max(map(abs, zs)),
