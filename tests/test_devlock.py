@@ -414,3 +414,20 @@ def test_a_cuda_judge_keeps_no_cached_gpu_memory_between_evaluations(tmp_path, t
         assert v.correct, (v.failure, v.notes)
         # what it may keep (harness._KEEP_GPU_CACHE_BYTES) is less than this task's footprint
         assert torch.cuda.memory_reserved() < 1 << 30, torch.cuda.memory_summary(abbreviated=True)
+
+
+def test_a_call_outwaits_another_judges_sanitizer_run():
+    """A candidate's compute-sanitizer runs (memcheck=true) hold the GPU's lock, shared, for up to
+    both tools' limits; a timed call of another judge on that GPU waits longer than that before it
+    calls the lock stuck, so memcheck on one judge never fails the others' candidates as the judge's
+    failure (seen on an H100: a call gave up after 110 s behind two sanitizer runs)."""
+    from types import SimpleNamespace
+
+    from cuda_agent.judge import JudgeConfig
+    from cuda_agent.judge.calls import CallLoop
+    from cuda_agent.judge.memcheck import hold_limit_s, tool_limit_s
+
+    for cfg in (JudgeConfig(device="cpu"), JudgeConfig(device="cpu", call_timeout_s=20.0, init_timeout_s=60.0)):
+        waits = CallLoop._lock_limit_s(SimpleNamespace(config=cfg))
+        assert hold_limit_s(cfg) == 2 * tool_limit_s(cfg) > 4 * cfg.call_timeout_s
+        assert waits > hold_limit_s(cfg)

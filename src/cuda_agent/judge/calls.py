@@ -32,6 +32,7 @@ from .compare import (CEILING_NOISE_MULTIPLE, NOISE_DOMINATED, PROBE_DELTA, PROB
 from .config import JudgeConfig
 from .devlock import DeviceLock, LockTimeout
 from .evaluation import Evaluation, Stop as _Stop
+from .memcheck import hold_limit_s
 from .protocol import MAX_KERNELS, Bandwidth, CallReply, Echo, KernelList, Reply
 from .reference import Reference, Setup, fresh_inputs, perturb_state, reference_draws, set_training, to_list
 from .reference import expected64 as reference_expected64
@@ -123,8 +124,10 @@ class CallLoop:
         self.first_index = 0
 
     def _lock_limit_s(self) -> float:
-        """The longest wait for the device's lock: several other judges' calls at their limit."""
-        return 4 * self.config.call_timeout_s + 30.0
+        """The longest wait for the device's lock: what other judges may hold it for, several calls at
+        their limit or a candidate's runs under compute-sanitizer (memcheck=true on any judge of the
+        GPU: minutes). The wait is not the candidate's time (`run` moves its deadline)."""
+        return max(4 * self.config.call_timeout_s, hold_limit_s(self.config)) + 30.0
 
     @contextlib.contextmanager
     def _hold_device(self, exclusive: bool):

@@ -195,6 +195,18 @@ def run_tool(tool: str, spawn, limit_s: float) -> tuple[SanitizerRun, str]:
                         seconds=round(time.monotonic() - t0, 3)), log
 
 
+def tool_limit_s(config) -> float:
+    """How long one tool's run may take: the candidate's start and one call 10-100x slower than usual."""
+    return config.init_timeout_s + 20 * config.call_timeout_s
+
+
+def hold_limit_s(config) -> float:
+    """The longest a candidate's sanitizer runs hold the GPU's judge lock (shared, harness._memcheck):
+    both tools at their limit. Another judge's call waits at least this long before it calls the
+    lock stuck (calls.CallLoop._lock_limit_s)."""
+    return 2 * tool_limit_s(config)
+
+
 def check_candidate(*, task_source: str, model_new: str, libraries: list[Path], sources: list[str],
                     init_seed: int, input_seed: int, config, work_root: Path, uid: int | None,
                     live: list, device: str = "cuda") -> tuple[list[SanitizerRun], Failure | None]:
@@ -205,7 +217,7 @@ def check_candidate(*, task_source: str, model_new: str, libraries: list[Path], 
     from .protocol import MEMCHECK_GO_FILE
 
     runs: list[SanitizerRun] = []
-    limit_s = config.init_timeout_s + 20 * config.call_timeout_s  # 10-100x slower calls, one of them
+    limit_s = tool_limit_s(config)
     for tool in tools_for(sources):
         workdir = new_workdir(work_root / "runs", f"{tool}-")
         inner = python_argv("cuda_agent.judge.memcheck_run", "--device", device, "--init-seed", str(init_seed),
