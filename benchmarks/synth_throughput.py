@@ -76,6 +76,7 @@ def stage_split(out: Path) -> dict:
 
     totals: Counter = Counter()
     spent: dict[bool, list[float]] = {True: [], False: []}
+    where: dict[str, list[float]] = {}   # the shortcut checks' seconds by the device they ran on
     # The log holds a candidate again each time its record changes (the judge's reference check
     # after the filters): its last record counts, once. Accepted or not by the filters' check
     # itself; a candidate the static filters removed was never checked (0 s).
@@ -84,6 +85,8 @@ def stage_split(out: Path) -> dict:
         spent[check.accepted if check is not None else rec.accepted].append(check.check_s if check is not None else 0.0)
         for name, sec in (check.stage_s if check is not None else {}).items():
             totals[name] += sec
+        if check is not None and check.shortcut_device and "shortcuts" in check.stage_s:
+            where.setdefault(check.shortcut_device, []).append(check.stage_s["shortcuts"])
     whole = sum(spent[True]) + sum(spent[False])
     staged = sum(totals.values())
     return {"worker_s": round(whole, 1),
@@ -91,6 +94,8 @@ def stage_split(out: Path) -> dict:
             **{f"{kind}_s": {"n": len(xs), "sum": round(sum(xs), 1),
                              "median": round(statistics.median(xs), 2) if xs else None}
                for kind, xs in (("accepted", spent[True]), ("rejected", spent[False]))},
+            "shortcuts_on": {d: {"n": len(xs), "sum": round(sum(xs), 1), "median": round(statistics.median(xs), 2)}
+                             for d, xs in where.items()},
             "stages_s": {k: round(v, 1) for k, v in totals.most_common()},
             "stages_share": {k: round(v / staged, 3) for k, v in totals.most_common()} if staged else {}}
 
@@ -176,6 +181,9 @@ def main() -> int:
                     help="hold every accepted task to the export criterion (default on)")
     ap.add_argument("--hazard-guards", action=argparse.BooleanOptionalAction, default=True,
                     help="compose with the seed probe's guards (default on; off: the composer before round three)")
+    ap.add_argument("--shortcut-cpu-ms", type=float, default=None,
+                    help="shortcut checks on the workers' CPUs for tasks whose composed forward takes at most "
+                         "this many ms there (FilterConfig.shortcut_cpu_ms; 0: on the device)")
     ap.add_argument("--split-only", action="store_true",
                     help="print where the check time of the sample already in --out went (check_split), run nothing")
     args = ap.parse_args()
@@ -204,6 +212,8 @@ def main() -> int:
         fkw["max_ms"] = args.max_ms
     if args.compile is not None:
         fkw["compile"] = args.compile
+    if args.shortcut_cpu_ms is not None:
+        fkw["shortcut_cpu_ms"] = args.shortcut_cpu_ms
     bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
     cfg = SynthConfig(n=args.n, out=args.out, seed=args.seed, workers=workers, benchmark_dir=bench,
                       compose={"profile": device, "hazard_guards": args.hazard_guards}, filters=FilterConfig(**fkw), time_limit_s=args.time_limit,
@@ -223,6 +233,7 @@ def main() -> int:
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
               "accepted_not_exported": report.accepted_not_exported, "compile_check": report.compile_check,
               "shortcut_checks": report.shortcut_checks, "n_input_sets": report.n_input_sets,
+              "shortcut_cpu_ms": cfg.filters.shortcut_cpu_ms,
               "diversity": report.diversity,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
               "judge_checked_per_gpu_hour": report.judge_checked / report.wall_s * 3600 / n_gpus

@@ -37,7 +37,7 @@ PLANTED = {
     "unused_parameter": task("self.fc = nn.Linear(64, 64)\nself.unused = nn.Linear(64, 64)", "return torch.relu(self.fc(x))"),
     "unused_input": TWO_INPUTS,
     "eager_error": task("self.fc = nn.Linear(32, 64)", "return self.fc(x)"),
-    # shortcuts at the judge's tolerance (worker.shortcut_checks)
+    # shortcuts at the judge's tolerance (shortcuts.shortcut_checks)
     "droppable_parameter": task("self.w = nn.Parameter(torch.randn(64, 64))", "return x @ torch.tril(self.w)"),
     "hardcodable_parameter": task("self.ln = nn.LayerNorm(64)", "return self.ln(x)"),
     "batch_mixing": task("", "return x - x.mean(dim=0, keepdim=True)"),
@@ -122,7 +122,8 @@ def test_a_rare_jitter_failure_is_found_on_the_suspects_extra_sets(body, shape, 
     """Tasks that leave the tolerance under a 1e-6 jitter on one input set in ~100: the first 30
     sets all pass (so without the extra sets the task would be exported), the 300 that its trace or
     its near misses ask for find it (in-process, CPU, fixed seeds)."""
-    from cuda_agent.synth.worker import Reject, Runner, shortcut_checks
+    from cuda_agent.synth.shortcuts import shortcut_checks
+    from cuda_agent.synth.worker import Reject, Runner
 
     source = _two_input_task(body, shape)
     shortcut_checks(Runner(source, "cpu"), fast_config(jitter_sets_suspect=30).payload(), source)
@@ -134,7 +135,8 @@ def test_a_rare_jitter_failure_is_found_on_the_suspects_extra_sets(body, shape, 
 def test_a_continuous_task_with_a_suspect_op_is_kept_after_the_extra_sets():
     """`where` and a comparison make a task suspect, and a ReLU written with them is continuous:
     the extra sets cost time, not the task."""
-    from cuda_agent.synth.worker import Runner, jumps_at_boundaries, shortcut_checks
+    from cuda_agent.synth.shortcuts import shortcut_checks
+    from cuda_agent.synth.worker import Runner, jumps_at_boundaries
 
     source = _two_input_task("torch.where(x + y > 0, x + y, torch.zeros_like(x))", "BATCH, 64")
     assert jumps_at_boundaries([], source)
@@ -353,6 +355,30 @@ def test_inputs_are_drawn_on_the_device_repeatably_and_on_the_cpu_where_get_inpu
     assert "generator=g" in cpu_gen
     x = Runner(cpu_gen, "cuda").inputs(3)[0]
     assert x.is_cuda and x.shape == a.shape
+
+
+@pytest.mark.gpu
+def test_shortcut_checks_run_on_the_cpu_only_for_tasks_that_are_cheap_there():
+    """A small composed task's shortcut checks go to the worker's CPU (same weights as on the GPU);
+    one whose forward is slow there stays on the GPU, and shortcut_cpu_ms=0 keeps every task there.
+    A real worker on CUDA says where they ran and still rejects a planted shortcut."""
+    from cuda_agent.synth.shortcuts import shortcut_runner
+    from cuda_agent.synth.worker import Runner
+
+    cfg = fast_config(device="cuda", shortcut_cpu_ms=10.0).payload()
+    r = Runner(GOOD, "cuda")
+    on = shortcut_runner(r, GOOD, cfg)
+    assert on.device == "cpu"
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(r.model().state_dict().values(), on.model().state_dict().values()))
+    heavy = task("self.fc = nn.Linear(64, 4096)", "x = self.fc(x)\nreturn x @ x.t() @ x").replace("BATCH = 16", "BATCH = 4096")
+    assert shortcut_runner(Runner(heavy, "cuda"), heavy, cfg).device == "cuda"
+    assert shortcut_runner(r, GOOD, fast_config(device="cuda").payload()) is r
+
+    with WorkerPool(fast_config(device="cuda", shortcut_cpu_ms=10.0), 1) as p:
+        good = p.check(GOOD)
+        assert good.accepted and good.shortcut_device == "cpu", good.rejection
+        bad = p.check(PLANTED["droppable_parameter"])
+        assert bad.rejection is not None and bad.rejection.filter == "droppable_parameter", bad.rejection
 
 
 def test_workers_take_the_visible_gpus_in_turn(monkeypatch):

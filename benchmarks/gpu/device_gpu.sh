@@ -306,11 +306,20 @@ case "$stage" in
       [ "${SYNTH_JUDGE:-0}" = 0 ] && [ "${SYNTH_JUDGE_CHECK:-1}" = 0 ] && [ $((limit - 45)) -lt $gen ] && gen=$((limit - 45))
       echo "synth: ${left} s to the deadline; generation ${gen} s, stage limit ${limit} s"
     fi
+    # GPU and CPU busy-ness every 2 s beside the run: which of the two limits the rate.
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 \
+      > "$out/synth_gpu_util.csv" 2>/dev/null & smi=$!
+    vmstat -n 2 > "$out/synth_vmstat.log" 2>/dev/null & vms=$!
     timeout $limit python3 benchmarks/synth_throughput.py --n "${SYNTH_N:-300}" --out /tmp/synth-h200 \
+      ${SYNTH_WORKERS:+--workers $SYNTH_WORKERS} ${SYNTH_SHORTCUT_CPU_MS:+--shortcut-cpu-ms $SYNTH_SHORTCUT_CPU_MS} \
       --time-limit $gen --judge-sample "${SYNTH_JUDGE:-0}" --judge-parallel ${JUDGE_PARALLEL:-4} \
       $([ "${SYNTH_JUDGE_CHECK:-1}" = 0 ] || echo --judge-check) $([ "${SYNTH_OVERLAP:-1}" = 0 ] && echo --no-judge-overlap) \
       > "$out/synth.log" 2>&1
     echo "synth rc=$?"
+    kill $smi $vms 2>/dev/null
+    awk -F', ' '{n++; u+=$2; if ($2 >= 90) hi++} END {if (n) printf "GPU busy: mean %.0f%%, >=90%% in %d of %d samples\n", u/n, hi, n}' \
+      "$out/synth_gpu_util.csv"
+    awk 'NR > 2 {n++; id+=$15} END {if (n) printf "CPU idle: mean %.0f%%\n", id/n}' "$out/synth_vmstat.log"
     tar czf "$out/synth-sample.tgz" -C /tmp synth-h200
     cp /tmp/synth-h200/throughput.json "$out/synth_throughput.json" 2>/dev/null && python3 -c "import json,sys; print(\"check_split\", json.dumps(json.load(open(sys.argv[1]))[\"check_split\"]))" "$out/synth_throughput.json"
     cp /tmp/synth-h200/report.json "$out/synth_report.json" 2>/dev/null

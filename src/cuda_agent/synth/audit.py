@@ -1,7 +1,7 @@
 """`cuda-agent synth audit`: audit an exported synth sample at the judge's tolerance, on input sets the filters never saw.
 
 Every task of `OUT/tasks.jsonl` is rebuilt and probed with the shortcut checks of the synth worker
-(`worker.shortcut_checks`: zero and constant outputs, dropped or replaced parameters and their
+(`shortcuts.shortcut_checks`: zero and constant outputs, dropped or replaced parameters and their
 triangles, replaced inputs, 1e-6 input jitter, float64 evaluation, batch mixing, parameters constant
 at initialisation) on `--sets` fresh input sets drawn under other seeds than the filter's. A task
 that passes the filters and fails here is a defect the filters missed (with more sets, a
@@ -34,7 +34,8 @@ from cuda_agent.host import true_fp32
 from .compose import set_batch
 from .criterion import check_task
 from .filters import FilterConfig
-from .worker import Reject, Runner, shortcut_checks
+from .shortcuts import shortcut_checks
+from .worker import Reject, Runner
 
 
 def audit(path: Path, sets: int, device: str, seed: int, batch: int | None = None,

@@ -16,7 +16,7 @@ Checks, in order (the first failure is the verdict):
   nonfinite, constant_output, input_independent, degenerate (the judge's own warnings)
   unused_parameter, unused_input   gradient, then perturbation, for what got no gradient
   shortcuts              on `n_input_sets` fresh input sets, at the judge's own comparison (see
-                         shortcut_checks): degenerate, droppable_input, hardcodable_parameter,
+                         shortcuts.py): degenerate, droppable_input, hardcodable_parameter,
                          droppable_parameter, ill_conditioned, batch_mixing
   runtime_window         eager median in [min_ms, max_ms], BATCH rescaled toward it first
                          (a size that runs out of GPU memory is backed off toward the last good one)
@@ -40,9 +40,7 @@ import statistics
 import sys
 import time
 import traceback
-import types
 import warnings
-from typing import Any
 
 from cuda_agent.host import is_out_of_memory, true_fp32
 
@@ -50,117 +48,9 @@ from cuda_agent.host import is_out_of_memory, true_fp32
 # where the shortcut checks and earlier callers read them)
 from .criterion import check_payload
 from .hazards import DISCONTINUOUS, jumps_at_boundaries  # noqa: F401
-
-INIT_SEED = 1234
-INPUT_SEEDS = (11, 22)
-
-
-class Reject(Exception):
-    def __init__(self, filter_name: str, message: str):
-        super().__init__(message)
-        self.filter = filter_name
-        self.message = message
-
-
-def _load(source: str):
-    module = types.ModuleType("synth_candidate")
-    module.__file__ = "<candidate>"
-    try:
-        exec(compile(source, "<candidate>", "exec", dont_inherit=True), module.__dict__)
-        for name in ("Model", "get_inputs", "get_init_inputs"):
-            if not hasattr(module, name):
-                raise AttributeError(f"missing {name}")
-    except Exception as exc:
-        raise Reject("load_error", f"{type(exc).__name__}: {exc}") from None
-    return module
-
-
-def _flat(out: Any) -> list:
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _flat(o)]
-    return [out]
-
-
-class Runner:
-    """A loaded candidate on one device: builds models and inputs under fixed seeds."""
-
-    def __init__(self, source: str, device: str):
-        import torch
-
-        self.torch = torch
-        self.device = device
-        self.module = _load(source)
-
-    def model(self):
-        torch = self.torch
-        torch.manual_seed(INIT_SEED)
-        try:
-            m = self.module.Model(*self.module.get_init_inputs())
-            return m.to(self.device)
-        except Exception as exc:
-            raise Reject("eager_error", f"constructing Model: {type(exc).__name__}: {exc}") from None
-
-    def inputs(self, seed: int) -> list:
-        torch = self.torch
-        xs = None
-        if self.device != "cpu":
-            # Made on the device itself: at the sizes the runtime window asks for (inputs of a GB
-            # and more), drawing them on the worker's two CPU threads and copying them over took
-            # seconds per input set, more than the checks that use them. The same seed gives the
-            # same inputs on every call (the device's own generator); a get_inputs that cannot
-            # run there (a CPU generator, say) draws them on the CPU as the judge does.
-            torch.manual_seed(seed)
-            try:
-                with torch.device(self.device):
-                    xs = list(self.module.get_inputs())
-            except Exception as exc:  # noqa: BLE001 - retried on the CPU below, where a real error is reported
-                if is_out_of_memory(exc):
-                    raise   # as large on the CPU: the callers' out-of-memory handling decides
-        if xs is None:
-            torch.manual_seed(seed)
-            try:
-                xs = list(self.module.get_inputs())
-            except Exception as exc:
-                raise Reject("eager_error", f"get_inputs: {type(exc).__name__}: {exc}") from None
-        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in xs]
-
-    def run(self, model, xs, what: str = "forward") -> list:
-        torch = self.torch
-        try:
-            with torch.no_grad():
-                outs = _flat(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in xs]))
-            if self.device == "cuda":
-                # GPU kernels fail asynchronously (a device-side assert on an index out of range,
-                # say): wait here so the failure is this forward's, not a later check's.
-                torch.cuda.synchronize()
-        except Reject:
-            raise
-        except Exception as exc:
-            raise Reject("eager_error", f"{what}: {type(exc).__name__}: {str(exc)[:400]}") from None
-        if not outs or not all(isinstance(o, torch.Tensor) and o.is_floating_point() for o in outs):
-            kinds = [type(o).__name__ if not isinstance(o, torch.Tensor) else str(o.dtype) for o in outs]
-            raise Reject("eager_error", f"{what}: outputs must be floating tensors, got {kinds}")
-        return outs
-
-
-def _same(a: list, b: list, rel: float = 0.0) -> bool:
-    """Equal (rel=0) or equal within `rel` of the largest magnitude, NaN where NaN."""
-    import torch
-
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x.shape != y.shape:
-            return False
-        if rel == 0.0:
-            if not torch.equal(torch.nan_to_num(x, 1e30), torch.nan_to_num(y, 1e30)):
-                return False
-            continue
-        x64, y64 = x.double(), y.double()
-        scale = float(x64.abs().max()) if x64.numel() else 0.0
-        if float((x64 - y64).abs().max()) > rel * max(scale, 1e-30):
-            return False
-    return True
+# the loaded task and its runs (in their own module: this one runs as __main__ in the worker
+# process, and shortcuts.py must raise and catch the same Reject class as this module)
+from .runner import INIT_SEED, INPUT_SEEDS, Reject, Runner, _flat, _same, _trace  # noqa: F401
 
 
 def random_ops(model, xs) -> list[str]:
@@ -221,16 +111,19 @@ def value_checks(r: Runner, cfg: dict, full: bool) -> dict:
         raise Reject("random_op", f"forward runs random ops: {', '.join(random)}")
     if any(not torch.equal(a, b) for a, b in zip(before, after)):
         raise Reject("random_op", "forward consumes the random number generator")
-    again = r.run(model, xs, "second run")
-    if not _same(out, again, cfg["det_rel"]):
+    # Each comparison's second output is let go at once: at the exported size (a memory-bound task
+    # near the window's 1 ms takes gigabytes) these checks would otherwise hold five outputs and two
+    # input sets together, and a task whose timed runs fit its worker's GPU share ran out of it here.
+    same = _same(out, r.run(model, xs, "second run"), cfg["det_rel"])
+    if not same:
         raise Reject("nondeterministic", "two runs on identical inputs give different outputs")
     out_mb = sum(o.numel() * o.element_size() for o in out) / 2**20
     if out_mb > cfg["max_output_mb"]:
         raise Reject("output_too_large", f"outputs take {out_mb:.0f} MiB > {cfg['max_output_mb']} MiB (the judge's limit)")
     model.eval()
-    ev = r.run(model, xs, "eval-mode run")
+    same = _same(out, r.run(model, xs, "eval-mode run"), cfg["det_rel"])
     model.train()
-    if not _same(out, ev, cfg["det_rel"]):
+    if not same:
         raise Reject("train_eval_mismatch", "output in eval() mode differs from train() mode")
     for i, o in enumerate(out):
         if not bool(torch.isfinite(o).all()):
@@ -238,6 +131,11 @@ def value_checks(r: Runner, cfg: dict, full: bool) -> dict:
             raise Reject("nonfinite", f"output {i}: {n} of {o.numel()} values are NaN or Inf")
         if o.numel() > 1 and float(o.max() - o.min()) <= 1e-6 * (1.0 + float(o.abs().max())):
             raise Reject("constant_output", f"output {i} is constant ({float(o.reshape(-1)[0]):.4g})")
+    info: dict = {"output_shapes": [list(o.shape) for o in out],
+                  "input_shapes": [list(x.shape) for x in xs if isinstance(x, torch.Tensor)],
+                  "n_params": sum(p.numel() for p in model.parameters())}
+    if not full:
+        xs = None   # only the usage check below needs them again
     other = r.run(model, r.inputs(INPUT_SEEDS[1]), "run on other inputs")
     if _same(out, other, max(1e-7, cfg["det_rel"])):
         raise Reject("input_independent", "outputs do not change when the inputs change")
@@ -247,9 +145,6 @@ def value_checks(r: Runner, cfg: dict, full: bool) -> dict:
                            out, other)
     if warns:
         raise Reject("degenerate", "; ".join(warns))
-    info: dict = {"output_shapes": [list(o.shape) for o in out],
-                  "input_shapes": [list(x.shape) for x in xs if isinstance(x, torch.Tensor)],
-                  "n_params": sum(p.numel() for p in model.parameters())}
     if full:
         _usage(r, model, xs, out, max(1e-7, cfg["det_rel"]))
     return info
@@ -297,247 +192,6 @@ def _usage(r: Runner, model, xs: list, out: list, tol: float) -> None:
         ys[i] = y
         if _same(out, r.run(model, ys, f"run with input {i} perturbed"), tol):
             raise Reject("unused_input", f"input {i} does not influence the output")
-
-
-# -- shortcuts at the judge's tolerance ---------------------------------------------------------------
-#
-# A kernel is rewarded when its output passes the judge's comparison (`judge.compare`: atol = rtol =
-# 1e-2 elementwise and the relative-L2 bound against a float64 evaluation). A task is defective when
-# something simpler than the task passes that comparison: a zero or constant output, the model with
-# a parameter (or a triangle or half of one) dropped or replaced, an input ignored. These checks ask
-# exactly that, on `n_input_sets` fresh input sets (one set is not enough: a near-degenerate output
-# passes on some sets and not others), and they also reject tasks an honest kernel cannot pass
-# reliably (a 1e-6 relative input jitter, or float64 arithmetic, leaves the tolerance) and tasks
-# whose samples influence each other across the batch.
-
-def _judge_compare(r: Runner, cfg: dict, expected: list, expected64: list | None, got: list, margin: bool = False):
-    """The judge's checked-call comparison of `got` against `expected` (a `Comparison`; with
-    `margin`, also how close it came to failing elementwise)."""
-    from cuda_agent.judge.compare import compare_outputs
-
-    # on the task's device: no copies of every output to the host for each of the many variants
-    return compare_outputs(expected, got, atol=cfg["atol"], rtol=cfg["rtol"], max_rel_l2=cfg["max_rel_l2"],
-                           expected64=expected64, noise_multiple=cfg["ref_noise_multiple"],
-                           rel_l2_ceiling=cfg["max_rel_l2_ceiling"], margin=margin)
-
-
-def _judge_passes(r: Runner, cfg: dict, expected: list, expected64: list | None, got: list) -> bool:
-    """Would `got` pass the judge's checked-call comparison against `expected`?"""
-    return _judge_compare(r, cfg, expected, expected64, got).ok
-
-
-HOPELESS_SETS = 3        # a variant this far off on this many sets is not tried on the rest
-HOPELESS_REL_L2 = 0.1
-
-
-def _passing_set(r: Runner, cfg: dict, outs: list, outs64: list, variant) -> int | None:
-    """The first input set on which `variant(k)` (the outputs of a shortcut on set k) passes the
-    judge's comparison, or None. A variant with an output >= 10% (relative L2) off on each of the
-    first 3 sets is not tried on the others: the judge's relative-L2 ceiling is 1%, and outputs on
-    sets drawn from one distribution do not come 10x closer on another (this keeps the many
-    variants that are far off at 3 forwards instead of `n_input_sets`)."""
-    far = 0
-    for k in range(len(outs)):
-        got = variant(k)
-        if _judge_passes(r, cfg, outs[k], outs64[k], got):
-            return k
-        if k < HOPELESS_SETS:
-            far += max(_rel_l2(g, e) for g, e in zip(got, outs[k])) >= HOPELESS_REL_L2
-            if far == HOPELESS_SETS:
-                return None
-    return None
-
-
-def _rel_l2(a, b) -> float:
-    d = float((a.double() - b.double()).norm())
-    n = float(b.double().norm())
-    return 0.0 if d == 0.0 else d / max(n, 1e-300)
-
-
-def _float64_twin(r: Runner, model):
-    """A float64 copy of the model, or None where its ops have no float64 kernel."""
-    import copy
-
-    try:
-        return copy.deepcopy(model).double()
-    except Exception:  # noqa: BLE001 - a module that cannot be copied: the float64 checks are skipped
-        return None
-
-
-def _run64(r: Runner, model64, xs: list) -> list | None:
-    torch = r.torch
-    if model64 is None:
-        return None
-    try:
-        with torch.no_grad():
-            outs = _flat(model64(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                                   for x in xs]))
-        if not all(isinstance(o, torch.Tensor) and o.dtype == torch.float64 for o in outs):
-            return None
-        return outs
-    except Exception:  # noqa: BLE001 - no float64 kernel for some op: the float64 checks are skipped
-        return None
-
-
-def _parameter_variants(torch, p, g):
-    """(label, replacement) pairs for one parameter: dropped, replaced, and structured parts dropped."""
-    out = [("dropped (zeros)", torch.zeros_like(p))]
-    scale = float(p.detach().abs().mean()) + 1e-3
-    out.append(("replaced by random values", torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) * scale))
-    if p.dim() >= 2 and p.shape[-1] > 1 and p.shape[-2] > 1:
-        out.append(("upper triangle dropped", torch.tril(p.detach())))
-        out.append(("lower triangle dropped", torch.triu(p.detach())))
-    if p.dim() >= 1 and p.shape[0] > 1:
-        half = p.detach().clone()
-        half[: p.shape[0] // 2] = 0
-        out.append(("first half along dim 0 dropped", half))
-    return out
-
-
-def _closeness(cmp) -> float:
-    """How close a passing comparison (made with `margin=True`) came to failing: the larger of its
-    largest elementwise |got - expected| / (atol + rtol |expected|) and its relative L2 error over
-    the bound (each fails above 1)."""
-    worst = cmp.elementwise_ratio or 0.0
-    err = cmp.rel_l2_err_f64 if cmp.rel_l2_err_f64 is not None else cmp.rel_l2_err
-    if cmp.rel_l2_bound:
-        worst = max(worst, err / cmp.rel_l2_bound)
-    return worst
-
-
-def shortcut_checks(r: Runner, cfg: dict, source: str, ops: list[str] | None = None) -> None:
-    """Reject the task when a shortcut passes the judge's comparison on any of the input sets, when
-    it is too ill-conditioned for the tolerance, or when its batch samples mix (see above). `ops`:
-    the task's traced operators (traced here when not given)."""
-    from cuda_agent.synth.compose import get_batch
-
-    torch = r.torch
-    model = r.model()
-    n = cfg["n_input_sets"]
-
-    def inputs(k: int) -> list:
-        # drawn again where needed rather than held: ten sets of a large task's inputs would take
-        # the worker's memory share (outputs, float32 and float64, are held)
-        return r.inputs(cfg["shortcut_seed"] + k)
-
-    outs = [r.run(model, inputs(k), f"input set {k}") for k in range(n)]
-    model64 = _float64_twin(r, model)
-    outs64 = [_run64(r, model64, inputs(k)) for k in range(n)]
-    atol, rtol = cfg["atol"], cfg["rtol"]
-
-    for k, (out, out64) in enumerate(zip(outs, outs64)):
-        for i, o in enumerate(out):
-            if not bool(torch.isfinite(o).all()):
-                raise Reject("nonfinite", f"input set {k}, output {i}: NaN or Inf")
-        zeros = [torch.zeros_like(t) for t in out]
-        consts = [torch.full_like(t, float(t.double().mean())) for t in out]
-        for label, fake in (("an all-zero output", zeros), ("a constant output", consts)):
-            if _judge_passes(r, cfg, out, out64, fake):
-                raise Reject("degenerate", f"{label} passes the judge's comparison on input set {k}")
-        for i, o in enumerate(out):
-            e = o.double()
-            share = float(((e - e.mean()).abs() <= atol + rtol * e.abs()).double().mean())
-            if share >= cfg["near_constant_share"]:
-                raise Reject("degenerate", f"output {i}: a constant matches {share:.1%} of its elements on input set "
-                                           f"{k} (>= {cfg['near_constant_share']:.0%}): nearly constant")
-            if bool((e.abs() <= atol).all()):
-                raise Reject("degenerate", f"output {i}: every value within atol={atol:g} of zero on input set {k} "
-                                           f"(max |ref| {float(e.abs().max()):.3g}): only the normwise bound decides")
-        if out64 is not None:
-            from cuda_agent.judge.compare import compare_outputs
-
-            # float32 against float64 arithmetic, elementwise: an honest float32 kernel is no closer
-            cmp = compare_outputs(list(out64), [o.double() for o in out], atol=atol, rtol=rtol, max_rel_l2={})
-            noise = max(_rel_l2(o, o64) for o, o64 in zip(out, out64))
-            if not cmp.ok or noise > cfg["max_rel_l2_ceiling"] / cfg["noise_headroom"]:
-                why = cmp.message if not cmp.ok else (f"the float32 output is {noise:.3g} (relative L2) from float64, "
-                                                      f"too close to the judge's ceiling {cfg['max_rel_l2_ceiling']:g}")
-                raise Reject("ill_conditioned", f"float64 evaluation on input set {k}: {why}")
-
-    # a 1e-6 relative jitter of the inputs (a few float32 roundings) must stay within the tolerance
-    g = torch.Generator(device=r.device).manual_seed(cfg["shortcut_seed"])
-    # (on jitter_sets sets: a flip at a discontinuity, ceil or frac of a computed value, is rare
-    # per set; sets past n_input_sets are compared without a float64 evaluation, at the fixed bound).
-    # Rare failures come from two kinds of task, and each gets jitter_sets_suspect sets: ops that
-    # jump at a boundary (seen in the trace), and heavy tails (an ill-conditioned matrix in one set of
-    # a hundred), whose near misses show on the first sets long before a failure does.
-    sets = max(n, cfg["jitter_sets"])
-    suspect = jumps_at_boundaries(_trace(source) if ops is None else ops, source)
-    why_more = ""    # set once the extra sets are tried: the rejection then says why
-    worst, k = 0.0, 0
-    while k < sets:
-        xs = inputs(k)
-        out, out64 = (outs[k], outs64[k]) if k < n else (r.run(model, xs, f"input set {k}"), None)
-        jittered = [x * (1 + cfg["jitter_rel"] * torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype))
-                    if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
-        got = r.run(model, jittered, "jittered run")
-        cmp = _judge_compare(r, cfg, out, out64, got, margin=True)
-        if not cmp.ok:
-            raise Reject("ill_conditioned", f"a {cfg['jitter_rel']:g} relative jitter of the inputs leaves the judge's "
-                                            f"tolerance on input set {k}" + (f" (of {sets} tried: {why_more})"
-                                                                             if why_more else ""))
-        worst = max(worst, _closeness(cmp))
-        k += 1
-        if k == sets and sets < cfg["jitter_sets_suspect"] and (suspect or worst >= cfg["jitter_near_miss"]):
-            why_more = "an op that jumps at a boundary" if suspect else \
-                f"a near miss, {worst:.2g} of the tolerance, on the first {sets}"
-            sets = cfg["jitter_sets_suspect"]
-
-    # every input must matter at the judge's tolerance: replaced by another set's values, it fails
-    for i, x in enumerate(inputs(0)):
-        if not isinstance(x, torch.Tensor):
-            continue
-        def replaced(k: int, i: int = i) -> list:
-            ys = inputs(k)
-            ys[i] = inputs((k + 1) % n)[i]
-            return r.run(model, ys, f"run with input {i} replaced")
-
-        k = _passing_set(r, cfg, outs, outs64, replaced)
-        if k is not None:
-            raise Reject("droppable_input", f"input {i} replaced by other values: the output still passes the "
-                                            f"judge's comparison on input set {k}")
-
-    # parameters: none constant at initialisation (a kernel could hard-code it), none droppable
-    params = dict(model.named_parameters())
-    for name, p in params.items():
-        if p.numel() > 1 and bool((p == p.reshape(-1)[0]).all()):
-            raise Reject("hardcodable_parameter", f"parameter {name} is {float(p.detach().reshape(-1)[0]):g} everywhere at "
-                                                  "initialisation: a kernel could hard-code it")
-    for name, p in params.items():
-        saved = p.detach().clone()
-        try:
-            for label, value in _parameter_variants(torch, p, g):
-                with torch.no_grad():
-                    p.copy_(value)
-                k = _passing_set(r, cfg, outs, outs64,
-                                 lambda k, name=name, label=label: r.run(model, inputs(k), f"run with {name} {label}"))
-                if k is not None:
-                    raise Reject("droppable_parameter", f"parameter {name} {label}: the output still passes the "
-                                                        f"judge's comparison on input set {k}")
-        finally:
-            with torch.no_grad():
-                p.copy_(saved)
-
-    # samples of the batch must not influence each other, unless the task says so (MIXES_BATCH = True)
-    batch = get_batch(source)
-    if batch is None or batch < 2 or getattr(r.module, "MIXES_BATCH", False):
-        return
-    xs, out = inputs(0), outs[0]
-    tensors = [x for x in xs if isinstance(x, torch.Tensor)]
-    if not tensors or any(x.dim() == 0 or x.shape[0] != batch for x in tensors):
-        return   # inputs without a leading batch dimension: nothing to vary per sample
-    if any(o.dim() == 0 or o.shape[0] != batch for o in out):
-        raise Reject("batch_mixing", f"an output has no leading batch dimension of BATCH={batch} "
-                                     f"(shapes {[list(o.shape) for o in out]}): samples are combined")
-    varied = []
-    for x in xs:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            x = x.clone()
-            x[0] = torch.randn(x[0].shape, generator=g, device=x.device, dtype=x.dtype) * (float(x.std()) + 1)
-        varied.append(x)
-    again = r.run(model, varied, "run with sample 0 changed")
-    if not _same([o[1:] for o in out], [o[1:] for o in again], max(1e-6, cfg["det_rel"])):
-        raise Reject("batch_mixing", "changing sample 0 of the batch changes the outputs of the other samples")
 
 
 def median_ms(r: Runner, fn, xs: list, cfg: dict, failure: str, budget_s: float | None = None) -> float:
@@ -686,7 +340,11 @@ def check(source: str, cfg: dict) -> dict:
         result["passed"] += ["random", "train_eval", "degenerate", "usage"]
         stage("values", "shortcuts" if cfg["shortcuts"] else "window")
         if cfg["shortcuts"]:
-            shortcut_checks(r, cfg, source, result["trace"] or [])
+            from .shortcuts import shortcut_checks, shortcut_runner   # (it imports this module)
+
+            on = shortcut_runner(r, source, cfg)
+            result["shortcut_device"] = on.device
+            shortcut_checks(on, cfg, source, result["trace"] or [])
             result["passed"].append("shortcuts")
             stage("shortcuts", "window")
         final, r, ms, batches = runtime_window(source, cfg)
@@ -736,16 +394,6 @@ def check(source: str, cfg: dict) -> dict:
     msg = (result["rejection"] or {}).get("message", "")
     result["restart"] = cfg["device"] == "cuda" and ("CUDA error" in msg or "AcceleratorError" in msg)
     return result
-
-
-def _trace(source: str) -> list[str] | None:
-    """The operators the task runs on meta tensors, for decontamination (None: not traceable)."""
-    from cuda_agent.synth.trace import TraceError, traced_ops
-
-    try:
-        return traced_ops(source)
-    except TraceError:
-        return None
 
 
 def _free(torch, device: str) -> None:
