@@ -197,6 +197,22 @@ def _pids_in_own_cgroups() -> list[int]:
     return pids
 
 
+def _who(pid: int) -> str:
+    """A leftover process as /proc tells it (command line, uid, parent, cgroup): what to chase."""
+    def read(name: str) -> str:
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as fh:
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    status = dict(line.split(":", 1) for line in read("status").splitlines() if ":" in line)
+    cmd = read("cmdline").replace("\0", " ").strip()[:200]
+    return (f"{pid} uid={status.get('Uid', '?').split()[0] if status.get('Uid') else '?'} "
+            f"ppid={status.get('PPid', '?').strip()} state={status.get('State', '?').strip()} "
+            f"cgroup={read('cgroup').strip()[-80:]} cmd={cmd!r}")
+
+
 def side_effects(j: Judge, package_before: set[str], listener: Listener | None, seen_connections: int) -> list[str]:
     """What the candidate left behind; cleans it up so later tests start clean."""
     problems = []
@@ -217,7 +233,8 @@ def side_effects(j: Judge, package_before: set[str], listener: Listener | None, 
             problems.append(f"{len(left)} process(es) of the sandbox uid {uid} still running: {left[:10]}")
     left = [p for p in _pids_in_own_cgroups() if p not in standby]
     if left:
-        problems.append(f"{len(left)} process(es) still in this judge's sandbox cgroups: {left[:10]}")
+        problems.append(f"{len(left)} process(es) still in this judge's sandbox cgroups: "
+                        f"{[_who(p) for p in left[:10]]}")
     if listener is not None and len(listener.connections) > seen_connections:
         problems.append(f"the candidate reached 127.0.0.1:{NET_PORT}: {listener.connections[seen_connections:]}")
     return problems
