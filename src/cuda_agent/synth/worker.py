@@ -44,13 +44,14 @@ import warnings
 
 from cuda_agent.host import is_out_of_memory, true_fp32
 
-# the ops that jump at a boundary (kept in hazards.py beside the composer's probe; named here too,
-# where the shortcut checks and earlier callers read them)
 from .criterion import check_payload
+# the ops that jump at a boundary (kept in hazards.py beside the composer's probe; named here too,
+# where earlier callers read them)
 from .hazards import DISCONTINUOUS, jumps_at_boundaries  # noqa: F401
 # the loaded task and its runs (in their own module: this one runs as __main__ in the worker
-# process, and shortcuts.py must raise and catch the same Reject class as this module)
+# process, where its own classes would not be the ones shortcuts.py raises)
 from .runner import INIT_SEED, INPUT_SEEDS, Reject, Runner, _flat, _same, _trace  # noqa: F401
+from .shortcuts import shortcut_checks, shortcut_runner
 
 
 def random_ops(model, xs) -> list[str]:
@@ -340,8 +341,6 @@ def check(source: str, cfg: dict) -> dict:
         result["passed"] += ["random", "train_eval", "degenerate", "usage"]
         stage("values", "shortcuts" if cfg["shortcuts"] else "window")
         if cfg["shortcuts"]:
-            from .shortcuts import shortcut_checks, shortcut_runner   # (it imports this module)
-
             on = shortcut_runner(r, source, cfg)
             result["shortcut_device"] = on.device
             shortcut_checks(on, cfg, source, result["trace"] or [])
