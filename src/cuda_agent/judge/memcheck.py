@@ -75,9 +75,12 @@ def sanitizer_problem() -> str | None:
     return None
 
 
+TOOLS = ("memcheck", "racecheck")
+
+
 def tools_for(sources: list[str]) -> list[str]:
     """memcheck, and racecheck where any of the candidate's sources declares shared memory."""
-    return ["memcheck", "racecheck"] if any(_SHARED.search(s) for s in sources) else ["memcheck"]
+    return list(TOOLS) if any(_SHARED.search(s) for s in sources) else ["memcheck"]
 
 
 def sanitizer_argv(exe: str, tool: str, inner: list[str]) -> list[str]:
@@ -202,9 +205,9 @@ def tool_limit_s(config) -> float:
 
 def hold_limit_s(config) -> float:
     """The longest a candidate's sanitizer runs hold the GPU's judge lock (shared, harness._memcheck):
-    both tools at their limit. Another judge's call waits at least this long before it calls the
+    every tool at its limit. Another judge's call waits at least this long before it calls the
     lock stuck (calls.CallLoop._lock_limit_s)."""
-    return 2 * tool_limit_s(config)
+    return len(TOOLS) * tool_limit_s(config)
 
 
 def check_candidate(*, task_source: str, model_new: str, libraries: list[Path], sources: list[str],

@@ -252,9 +252,9 @@ def shortcut_runner(r: Runner, source: str, cfg: dict) -> Runner:
     """Where the shortcut checks run: on the worker's CPU when the task at its composed size takes a
     forward there within cfg["shortcut_cpu_ms"], else on `r`'s device. Those checks run the composed
     task a hundred times and more at sizes (BATCH 8-64) where a GPU forward is a few launches of tiny
-    kernels; from eight workers, that stream kept the GPU busy (time-sliced between the processes)
-    for 43% of the workers' time while the checks that need its speed, at the exported size, waited.
-    What they decide (degenerate, droppable or hard-codable, ill-conditioned, batch mixing) is the
+    kernels. On an H100 with eight workers they took 44% of the workers' time while the GPU, shared
+    by time-slicing between the processes, was busy throughout and the CPUs 40% idle: for a small
+    task, work the worker's CPU threads can take over. What they decide (degenerate, droppable or hard-codable, ill-conditioned, batch mixing) is the
     task's arithmetic, not the device's; the export criterion then checks the exported size on the
     device. The same weights either way (drawn under one seed, then moved)."""
     limit = cfg.get("shortcut_cpu_ms") or 0.0
