@@ -6,7 +6,9 @@ sends; the workspace spec `Judge.evaluate` builds is the plan's; and a candidate
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import time
 from pathlib import Path
 
@@ -263,6 +265,28 @@ def test_built_ahead_by_judge_build_is_a_cache_hit_for_evaluate(tmp_path):
         assert build_plan_ahead(judge.builder, plan) == (1, 0, [])
         assert build_plan_ahead(judge.builder, plan) == (0, 1, [])
         assert judge.build(single).cached
+
+    # Each build job ran in a pids cgroup of its own (as root): none may outlive its job, or a
+    # long-running judge runs the kernel out of cgroups, and a process left inside one lives on.
+    deadline = time.monotonic() + 20   # removal waits for the kernel's teardown, in the background
+    while _empty_own_cgroups() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _empty_own_cgroups()
+
+
+def _empty_own_cgroups() -> list[str]:
+    """The pids cgroups this process made that hold no process any more: left behind."""
+    tag = f"cuda-agent-{os.getpid()}-"
+    empty = []
+    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified"):
+        for path in glob.glob(os.path.join(base, tag + "*")):
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as fh:
+                    if not fh.read().split():
+                        empty.append(path)
+            except OSError:
+                pass
+    return empty
 
 
 @pytest.mark.slow

@@ -721,7 +721,11 @@ class Builder:
                 log = proc.log_tail(200_000)
                 raise BuildError(trim_compiler_output(log, src), log)
         finally:
-            proc.kill()
+            # cleanup, not kill alone: also the job's pids cgroup (whatever is still inside dies
+            # with it, and the cgroup goes: the kernel's cgroups are finite, a long-running judge
+            # makes one per build) and what the build's uid left in the shared temporary folders;
+            # the build folder stays, it holds the result
+            proc.cleanup(remove_workdir=False)
             log_file = bdir / "process.log"
             if log_file.exists():
                 log_file.unlink()
