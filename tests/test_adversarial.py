@@ -208,7 +208,7 @@ def _who(pid: int) -> str:
 
     status = dict(line.split(":", 1) for line in read("status").splitlines() if ":" in line)
     cmd = read("cmdline").replace("\0", " ").strip()[:200]
-    return (f"{pid} uid={status.get('Uid', '?').split()[0] if status.get('Uid') else '?'} "
+    return (f"{pid} uid={(status.get('Uid') or '?').split()[0]} "
             f"ppid={status.get('PPid', '?').strip()} state={status.get('State', '?').strip()} "
             f"cgroup={read('cgroup').strip()[-80:]} cmd={cmd!r}")
 

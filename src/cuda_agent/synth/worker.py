@@ -115,8 +115,7 @@ def value_checks(r: Runner, cfg: dict, full: bool) -> dict:
     # Each comparison's second output is let go at once: at the exported size (a memory-bound task
     # near the window's 1 ms takes gigabytes) these checks would otherwise hold five outputs and two
     # input sets together, and a task whose timed runs fit its worker's GPU share ran out of it here.
-    same = _same(out, r.run(model, xs, "second run"), cfg["det_rel"])
-    if not same:
+    if not _same(out, r.run(model, xs, "second run"), cfg["det_rel"]):
         raise Reject("nondeterministic", "two runs on identical inputs give different outputs")
     out_mb = sum(o.numel() * o.element_size() for o in out) / 2**20
     if out_mb > cfg["max_output_mb"]:
