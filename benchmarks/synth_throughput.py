@@ -77,6 +77,7 @@ def stage_split(out: Path) -> dict:
     totals: Counter = Counter()
     spent: dict[bool, list[float]] = {True: [], False: []}
     where: dict[str, list[float]] = {}   # the shortcut checks' seconds by the device they ran on
+    ratios: list[float] = []   # GPU: the checks after the window over what its timed runs held
     # The log holds a candidate again each time its record changes (the judge's reference check
     # after the filters): its last record counts, once. Accepted or not by the filters' check
     # itself; a candidate the static filters removed was never checked (0 s).
@@ -87,6 +88,9 @@ def stage_split(out: Path) -> dict:
             totals[name] += sec
         if check is not None and check.shortcut_device and "shortcuts" in check.stage_s:
             where.setdefault(check.shortcut_device, []).append(check.stage_s["shortcuts"])
+        mem = check.memory_mb if check is not None else {}
+        if mem.get("held", 0) >= 64:   # at smaller sizes fixed allocations decide the ratio
+            ratios.append((mem["checks"] - 3 * mem["weights"]) / mem["held"])
     whole = sum(spent[True]) + sum(spent[False])
     staged = sum(totals.values())
     return {"worker_s": round(whole, 1),
@@ -96,6 +100,9 @@ def stage_split(out: Path) -> dict:
                for kind, xs in (("accepted", spent[True]), ("rejected", spent[False]))},
             "shortcuts_on": {d: {"n": len(xs), "sum": round(sum(xs), 1), "median": round(statistics.median(xs), 2)}
                              for d, xs in where.items()},
+            # what check_memory_multiple stands for, as seen (tasks whose timed runs held >= 64 MiB)
+            "check_memory_multiple": {"n": len(ratios), "median": round(_pct(ratios, 0.5), 2), "p90": round(
+                _pct(ratios, 0.9), 2), "max": round(max(ratios), 2)} if ratios else None,
             "stages_s": {k: round(v, 1) for k, v in totals.most_common()},
             "stages_share": {k: round(v / staged, 3) for k, v in totals.most_common()} if staged else {}}
 
@@ -184,6 +191,10 @@ def main() -> int:
     ap.add_argument("--shortcut-cpu-ms", type=float, default=None,
                     help="shortcut checks on the workers' CPUs for tasks whose composed forward takes at most "
                          "this many ms there (FilterConfig.shortcut_cpu_ms; 0: on the device)")
+    ap.add_argument("--check-memory-multiple", type=float, default=None,
+                    help="GPU: the runtime window keeps BATCH where the later checks, taken to hold this many "
+                         "times what a timed run holds, fit a worker's memory share "
+                         "(FilterConfig.check_memory_multiple; 0: no such bound)")
     ap.add_argument("--split-only", action="store_true",
                     help="print where the check time of the sample already in --out went (check_split), run nothing")
     args = ap.parse_args()
@@ -214,6 +225,8 @@ def main() -> int:
         fkw["compile"] = args.compile
     if args.shortcut_cpu_ms is not None:
         fkw["shortcut_cpu_ms"] = args.shortcut_cpu_ms
+    if args.check_memory_multiple is not None:
+        fkw["check_memory_multiple"] = args.check_memory_multiple
     bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
     cfg = SynthConfig(n=args.n, out=args.out, seed=args.seed, workers=workers, benchmark_dir=bench,
                       compose={"profile": device, "hazard_guards": args.hazard_guards}, filters=FilterConfig(**fkw), time_limit_s=args.time_limit,
@@ -233,7 +246,7 @@ def main() -> int:
               "accepted": report.accepted, "candidates": report.candidates, "rejected_by": report.rejected_by,
               "accepted_not_exported": report.accepted_not_exported, "compile_check": report.compile_check,
               "shortcut_checks": report.shortcut_checks, "n_input_sets": report.n_input_sets,
-              "shortcut_cpu_ms": cfg.filters.shortcut_cpu_ms,
+              "shortcut_cpu_ms": cfg.filters.shortcut_cpu_ms, "check_memory_multiple": cfg.filters.check_memory_multiple,
               "diversity": report.diversity,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
               "judge_checked_per_gpu_hour": report.judge_checked / report.wall_s * 3600 / n_gpus

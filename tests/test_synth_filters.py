@@ -208,6 +208,20 @@ def test_checks_that_run_out_of_memory_after_the_window_retry_at_half_the_batch(
         assert "outside" in r.rejection.message
 
 
+def test_the_batch_that_fits_the_checks_scales_what_the_timed_runs_held():
+    from cuda_agent.synth.worker import memory_batch
+
+    mib = 2**20
+    held = {"held": 100 * mib, "weights": 10 * mib}
+    # (1000 - 3 x 10) MiB of room, 4 x 100 MiB at BATCH 64: BATCH 155 fits
+    assert memory_batch(held, 64, 1000 * mib, 4.0) == 155
+    assert memory_batch(held, 64, 1000 * mib, 8.0) == 77
+    assert memory_batch(held, 64, None, 4.0) is None          # no cap known (the CPU, in-process checks)
+    assert memory_batch(held, 64, 1000 * mib, 0.0) is None    # the bound switched off
+    assert memory_batch({}, 64, 1000 * mib, 4.0) is None      # nothing measured
+    assert memory_batch(held, 64, 20 * mib, 4.0) == 0         # not even the weights fit
+
+
 def test_workers_sharing_a_gpu_split_it(monkeypatch):
     from cuda_agent.synth.worker import gpu_memory_cap
 
@@ -379,6 +393,25 @@ def test_shortcut_checks_run_on_the_cpu_only_for_tasks_that_are_cheap_there():
         assert good.accepted and good.shortcut_device == "cpu", good.rejection
         bad = p.check(PLANTED["droppable_parameter"])
         assert bad.rejection is not None and bad.rejection.filter == "droppable_parameter", bad.rejection
+
+
+@pytest.mark.gpu
+def test_the_window_keeps_batch_where_the_later_checks_fit_the_workers_gpu_share():
+    """A memory-bound task reaches the window (1 ms) only at a size whose later checks cannot fit a
+    512 MiB share: out_of_memory at the window, after its timings, with no final check run. A
+    compute-bound one reaches it well within the share: accepted, with what its timed runs and
+    its later checks held recorded (the measure behind check_memory_multiple)."""
+    cfg = fast_config(device="cuda", min_ms=1.0, max_ms=100.0, gpu_memory_mb=512, shortcuts=False, criterion_sets=3)
+    wide = task("", "return torch.tanh(x) * 2.0").replace("BATCH, 64)", "BATCH, 1 << 16)")   # 256 KiB a sample
+    deep = task("self.w = nn.Parameter(torch.randn(1024, 1024) / 32)",
+                "for _ in range(50):\n    x = torch.tanh(x @ self.w)\nreturn x").replace("BATCH, 64)", "BATCH, 1024)")
+    with WorkerPool(cfg, 1) as p:
+        r = p.check(wide)
+        assert r.rejection is not None and r.rejection.filter == "out_of_memory", r.rejection
+        assert "memory share" in r.rejection.message and "final_values" not in r.stage_s, (r.rejection, r.stage_s)
+        r = p.check(deep)
+        assert r.accepted, r.rejection
+        assert 1.0 <= r.eager_ms <= 100.0 and r.memory_mb["held"] > 0 and r.memory_mb["checks"] > 0, r.memory_mb
 
 
 def test_workers_take_the_visible_gpus_in_turn(monkeypatch):

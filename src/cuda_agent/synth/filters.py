@@ -165,6 +165,11 @@ class FilterConfig(BaseModel):
     max_output_mb: int = Field(2048, description="largest total output (the judge's max_output_mb default)")
     threads_per_worker: int = Field(1, description="torch CPU threads in each worker")
     memory_limit_mb: int = Field(16384, description="resident memory of one worker (killed above)")
+    check_memory_multiple: float = Field(4.0, ge=0, description="on the GPU, the runtime window keeps BATCH where "
+                                                                 "the checks after it, taken to hold this many times "
+                                                                 "what a timed run holds, fit the worker's memory "
+                                                                 "share (CheckResult.memory_mb records the ratio "
+                                                                 "seen); 0: no such bound")
     gpu_memory_mb: int = Field(16384, description="GPU memory one worker may allocate; less when the GPU's "
                                                   "workers would not fit (90% of the GPU split among them)")
     startup_timeout_s: float = 120.0
@@ -196,6 +201,9 @@ class CheckResult(BaseModel):
     stage_s: dict[str, float] = Field(default_factory=dict)
     trace: list[str] | None = None   # the operators the task runs (trace.py); None: it could not be traced
     shortcut_device: str | None = None   # where the shortcut checks ran (FilterConfig.shortcut_cpu_ms)
+    # GPU memory, MiB: what the window's timed runs held beyond the weights ("held"), the weights,
+    # and the peak of the checks after the window ("checks"); empty on the CPU
+    memory_mb: dict[str, float] = Field(default_factory=dict)
 
 
 def synth_root_dir() -> Path:

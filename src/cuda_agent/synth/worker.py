@@ -53,6 +53,11 @@ from .hazards import DISCONTINUOUS, jumps_at_boundaries  # noqa: F401
 from .runner import INIT_SEED, INPUT_SEEDS, Reject, Runner, _flat, _same, _trace  # noqa: F401
 from .shortcuts import shortcut_checks, shortcut_runner
 
+# The GPU memory this worker may allocate, in bytes (main sets it from the worker's share of the
+# GPU); None where no cap is known (checks run in-process, the CPU): the window then sizes BATCH by
+# time and the input/output limits alone.
+GPU_CAP_BYTES: float | None = None
+
 
 def random_ops(model, xs) -> list[str]:
     """Names of the ATen ops tagged `nondeterministic_seeded` that one call of `model` runs."""
@@ -218,8 +223,36 @@ def median_ms(r: Runner, fn, xs: list, cfg: dict, failure: str, budget_s: float 
     return statistics.median(times)
 
 
-def eager_ms(r: Runner, cfg: dict) -> float:
-    return median_ms(r, r.model(), r.inputs(INPUT_SEEDS[0]), cfg, "eager_error", cfg["timing_budget_s"])
+def eager_ms(r: Runner, cfg: dict, memory: dict | None = None) -> float:
+    """The task's eager median time; on the GPU, with `memory`, also what the timed runs held at
+    their peak beyond the weights (`memory["held"]`: inputs, the clones the runs make, the
+    forward's intermediates and outputs, all of which grow with BATCH) and the weights' bytes."""
+    torch = r.torch
+    measure = memory is not None and r.device == "cuda"
+    if measure:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    model = r.model()
+    ms = median_ms(r, model, r.inputs(INPUT_SEEDS[0]), cfg, "eager_error", cfg["timing_budget_s"])
+    if measure:
+        weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        memory.update(weights=weights, held=max(0, torch.cuda.max_memory_allocated() - base - weights))
+    return ms
+
+
+def memory_batch(memory: dict, batch: int, cap: float | None, multiple: float) -> int | None:
+    """The largest BATCH whose checks after the window fit in `cap` bytes, from what the timed runs
+    at `batch` held (`eager_ms`'s `memory`), or None where nothing bounds it. Those checks hold
+    about `multiple` times what a timed run holds (the criterion keeps a float32 output while a
+    float64 forward runs and then compares the two in float64), and the weights three times
+    (float32, the float64 twin, a second draw of them). Scaling what the runs held by BATCH counts
+    any fixed part (a library's workspace) as growing with it: an underestimate of the BATCH that
+    fits, which a timing at the smaller size measures again."""
+    if cap is None or multiple <= 0 or not memory.get("held"):
+        return None
+    room = cap - 3 * memory["weights"]
+    return max(0, int(room * batch / (multiple * memory["held"])))
 
 
 def _per_sample_mb(r: Runner, batch: int) -> float:
@@ -231,28 +264,46 @@ def _per_sample_mb(r: Runner, batch: int) -> float:
     return max(in_mb / max(1, batch), out_mb / max(1, batch), 1e-9)
 
 
-def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int]]:
-    """Time the task and rescale BATCH toward the window; returns the final source and its time."""
+def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int], dict]:
+    """Time the task and rescale BATCH toward the window; returns the final source, its runner,
+    time and BATCH sizes, and what its timed runs held (`eager_ms`'s `memory`).
+
+    On the GPU the BATCH is also held to what the worker's memory share fits for the checks after
+    the window (`memory_batch`): a task whose time only reaches the window at a size whose checks
+    cannot fit is rejected as out_of_memory here, after one timing, rather than after the final
+    value checks have run out of memory at that size and again at half of it."""
     from cuda_agent.synth.compose import get_batch, set_batch
 
     lo, hi = cfg["min_ms"], cfg["max_ms"]
     target = cfg.get("target_ms") or math.sqrt(lo * hi)
+    cap = GPU_CAP_BYTES if cfg["device"] == "cuda" else None
     r = Runner(source, cfg["device"])
-    ms = eager_ms(r, cfg)
+    memory: dict = {}
+    ms = eager_ms(r, cfg, memory)
     batches = [b] if (b := get_batch(source)) is not None else []
+    bounded = None   # the memory bound of the last rescale, when it lowered the BATCH time asked for
     for _ in range(cfg["max_rescales"]):
-        if lo <= ms <= hi or not batches:
+        if not batches:
             break
         batch = batches[-1]
+        fits = memory_batch(memory, batch, cap, cfg["check_memory_multiple"])
+        if lo <= ms <= hi and (fits is None or batch <= fits):
+            break
+        if ms < lo and fits is not None and fits <= batch:
+            bounded = fits
+            break    # faster than the window already at the most that fits: no size reaches it
         per_sample_mb = _per_sample_mb(r, batch)
         limit = max(1, int(min(cfg["max_input_mb"], cfg["max_output_mb"]) / per_sample_mb))
         new = max(1, min(limit, round(batch * target / max(ms, 1e-6))))
+        if fits is not None and new > fits:
+            new, bounded = max(1, fits), fits
         if new == batch:
             break
         while True:
             try:
                 cand = Runner(set_batch(source, new), cfg["device"])
-                ms_new = eager_ms(cand, cfg)
+                memory_new: dict = {}
+                ms_new = eager_ms(cand, cfg, memory_new)
                 break
             except Exception as exc:
                 if isinstance(exc, Reject) and not is_out_of_memory(exc):
@@ -267,12 +318,16 @@ def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int
             cand = None
             _free(r.torch, cfg["device"])
             new = back
-        source, r, ms = set_batch(source, new), cand, ms_new
+        source, r, ms, memory = set_batch(source, new), cand, ms_new, memory_new
         batches.append(new)
     if not lo <= ms <= hi:
         how = f" after rescaling BATCH {' -> '.join(map(str, batches))}" if len(batches) > 1 else ""
+        if ms < lo and bounded is not None:
+            raise Reject("out_of_memory", f"eager {ms:.4g} ms at BATCH={batches[-1]}{how}, under {lo:g} ms; the checks "
+                                          f"after the window fit the worker's GPU memory share "
+                                          f"({cap / 2**20:.0f} MiB) up to about BATCH={bounded}")
         raise Reject("runtime_window", f"eager {ms:.4g} ms outside [{lo:g}, {hi:g}] ms{how}")
-    return source, r, ms, batches
+    return source, r, ms, batches, memory
 
 
 def smaller_batch(source: str, r: Runner, cfg: dict, batches: list[int]) -> tuple[str, Runner, float]:
@@ -345,11 +400,12 @@ def check(source: str, cfg: dict) -> dict:
             shortcut_checks(on, cfg, source, result["trace"] or [])
             result["passed"].append("shortcuts")
             stage("shortcuts", "window")
-        final, r, ms, batches = runtime_window(source, cfg)
+        final, r, ms, batches, memory = runtime_window(source, cfg)
         result["passed"].append("runtime_window")
         stage("window", "final_values")
         while True:
             try:
+                base = _peak_reset(r)
                 info = value_checks(r, cfg, full=False)
                 stage("final_values", "criterion" if cfg["criterion"] else ("compile" if cfg["compile"] else ""))
                 crit = check_payload(final, cfg) if cfg["criterion"] else None
@@ -358,6 +414,11 @@ def check(source: str, cfg: dict) -> dict:
                 if crit is not None:
                     result["passed"].append("criterion")
                     stage("criterion", "compile" if cfg["compile"] else "")
+                if base is not None and memory.get("held"):
+                    # what the checks after the window held at their peak against what the timed runs
+                    # held: the measure behind check_memory_multiple (the benchmark sums it up)
+                    result["memory_mb"] = {"held": memory["held"] / 2**20, "weights": memory["weights"] / 2**20,
+                                           "checks": (r.torch.cuda.max_memory_allocated() - base) / 2**20}
                 compile_ms = compile_check(r, cfg) if cfg["compile"] else None
                 if cfg["compile"]:
                     stage("compile")
@@ -369,6 +430,7 @@ def check(source: str, cfg: dict) -> dict:
                 if not is_out_of_memory(exc) or not batches:
                     raise
             final, r, ms = smaller_batch(final, r, cfg, batches)
+            memory = {}    # measured at the larger size: no ratio for this one
             stage("window", "final_values")  # the failed try and the retimed half BATCH: the window's cost
         result.update(info, source=final, eager_ms=ms, batches=batches)
         if compile_ms is not None:
@@ -394,6 +456,15 @@ def check(source: str, cfg: dict) -> dict:
     return result
 
 
+def _peak_reset(r: Runner) -> int | None:
+    """On the GPU: the bytes allocated now, with the peak counter started again from here."""
+    if r.device != "cuda":
+        return None
+    r.torch.cuda.synchronize()
+    r.torch.cuda.reset_peak_memory_stats()
+    return r.torch.cuda.memory_allocated()
+
+
 def _free(torch, device: str) -> None:
     """Give cached GPU memory back after a rejection, so the next task starts from an empty share."""
     import gc
@@ -414,6 +485,7 @@ def gpu_memory_cap(total_bytes: int, limit_mb: int, share: int) -> float:
 
 
 def main(argv: list[str]) -> int:
+    global GPU_CAP_BYTES
     req_fd, rep_fd = int(argv[0]), int(argv[1])
     warnings.simplefilter("ignore")
     import torch
@@ -424,8 +496,10 @@ def main(argv: list[str]) -> int:
         true_fp32(torch)   # the judge's references are true fp32
         limit_mb = int(os.environ.get("CUDA_AGENT_SYNTH_GPU_MB", "16384"))
         share = int(os.environ.get("CUDA_AGENT_SYNTH_GPU_SHARE", "1"))
-        torch.cuda.set_per_process_memory_fraction(
-            gpu_memory_cap(torch.cuda.mem_get_info()[1], limit_mb, share))
+        total = torch.cuda.mem_get_info()[1]
+        fraction = gpu_memory_cap(total, limit_mb, share)
+        torch.cuda.set_per_process_memory_fraction(fraction)
+        GPU_CAP_BYTES = fraction * total
     rep = os.fdopen(rep_fd, "w", buffering=1)
     rep.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     with os.fdopen(req_fd, "r") as req:
