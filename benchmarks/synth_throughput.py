@@ -191,6 +191,9 @@ def main() -> int:
     ap.add_argument("--shortcut-cpu-ms", type=float, default=None,
                     help="shortcut checks on the workers' CPUs for tasks whose composed forward takes at most "
                          "this many ms there (FilterConfig.shortcut_cpu_ms; 0: on the device)")
+    ap.add_argument("--target-ms", type=float, default=None,
+                    help="the runtime window's rescaling target (FilterConfig.target_ms; default a quarter of the "
+                         "way up the window on a log scale)")
     ap.add_argument("--check-memory-multiple", type=float, default=None,
                     help="GPU: the runtime window keeps BATCH where the later checks, taken to hold this many "
                          "times what a timed run holds, fit a worker's memory share "
@@ -225,6 +228,8 @@ def main() -> int:
         fkw["compile"] = args.compile
     if args.shortcut_cpu_ms is not None:
         fkw["shortcut_cpu_ms"] = args.shortcut_cpu_ms
+    if args.target_ms is not None:
+        fkw["target_ms"] = args.target_ms
     if args.check_memory_multiple is not None:
         fkw["check_memory_multiple"] = args.check_memory_multiple
     bench = args.benchmark_dir if args.benchmark_dir and args.benchmark_dir.is_dir() else None
@@ -247,6 +252,7 @@ def main() -> int:
               "accepted_not_exported": report.accepted_not_exported, "compile_check": report.compile_check,
               "shortcut_checks": report.shortcut_checks, "n_input_sets": report.n_input_sets,
               "shortcut_cpu_ms": cfg.filters.shortcut_cpu_ms, "check_memory_multiple": cfg.filters.check_memory_multiple,
+              "target_ms": cfg.filters.target_ms,
               "diversity": report.diversity,
               "judge_checked": report.judge_checked, "judge_s": report.judge_s,
               "judge_checked_per_gpu_hour": report.judge_checked / report.wall_s * 3600 / n_gpus

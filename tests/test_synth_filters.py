@@ -183,7 +183,7 @@ def test_a_rescale_that_runs_out_of_memory_backs_off_toward_the_last_size_that_r
     sleepy = task("", f"if x.shape[0] > 64:\n    {OOM}\n__import__('time').sleep(x.shape[0] * 2e-5)\nreturn x * 2.0")
     # the window's target (20 ms) asks for BATCH ~ 250, which runs out; backing off reaches a size
     # <= 64 that runs (where exactly depends on the timing at BATCH 1, so only the bounds are fixed)
-    with WorkerPool(fast_config(min_ms=0.8, max_ms=500.0, n_timed=3), 1) as p:
+    with WorkerPool(fast_config(min_ms=0.8, max_ms=500.0, target_ms=20.0, n_timed=3), 1) as p:
         r = p.check(sleepy.replace("BATCH = 16", "BATCH = 1"))
         assert r.accepted, r.rejection
         assert r.batches[0] == 1 and 1 < r.batches[-1] <= 64 and r.eager_ms >= 0.8, (r.batches, r.eager_ms)

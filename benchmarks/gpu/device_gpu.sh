@@ -312,7 +312,7 @@ case "$stage" in
     vmstat -n 2 > "$out/synth_vmstat.log" 2>/dev/null & vms=$!
     timeout $limit python3 benchmarks/synth_throughput.py --n "${SYNTH_N:-300}" --out /tmp/synth-h200 \
       ${SYNTH_WORKERS:+--workers $SYNTH_WORKERS} ${SYNTH_SHORTCUT_CPU_MS:+--shortcut-cpu-ms $SYNTH_SHORTCUT_CPU_MS} \
-      ${SYNTH_MEMORY_MULTIPLE:+--check-memory-multiple $SYNTH_MEMORY_MULTIPLE} \
+      ${SYNTH_MEMORY_MULTIPLE:+--check-memory-multiple $SYNTH_MEMORY_MULTIPLE} ${SYNTH_TARGET_MS:+--target-ms $SYNTH_TARGET_MS} \
       --time-limit $gen --judge-sample "${SYNTH_JUDGE:-0}" --judge-parallel ${JUDGE_PARALLEL:-4} \
       $([ "${SYNTH_JUDGE_CHECK:-1}" = 0 ] || echo --judge-check) $([ "${SYNTH_OVERLAP:-1}" = 0 ] && echo --no-judge-overlap) \
       > "$out/synth.log" 2>&1

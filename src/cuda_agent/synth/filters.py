@@ -102,7 +102,11 @@ class FilterConfig(BaseModel):
     device: Literal["cuda", "cpu"] = "cpu"
     min_ms: float = Field(1.0, description="shortest accepted eager runtime (CPU tests use ~0.05)")
     max_ms: float = Field(100.0, description="longest accepted eager runtime")
-    target_ms: float | None = Field(None, description="rescaling target; default the geometric mean of the window")
+    target_ms: float | None = Field(None, description="rescaling target; default a quarter of the way up the window "
+                                                     "on a log scale (3.2 ms for [1, 100] ms): every later check of "
+                                                     "the task, and every judge evaluation of it, costs GPU time in "
+                                                     "proportion, and 3x above min_ms is margin enough for another "
+                                                     "GPU or a loaded one")
     max_rescales: int = Field(4, description="BATCH rescaling attempts toward the window")
     compile: bool = Field(True, description="check torch.compile against eager (on every device unless switched off)")
     timeout_s: float = Field(300.0, description="limit on all checks of one task (compile included)")

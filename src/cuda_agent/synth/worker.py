@@ -275,7 +275,7 @@ def runtime_window(source: str, cfg: dict) -> tuple[str, Runner, float, list[int
     from cuda_agent.synth.compose import get_batch, set_batch
 
     lo, hi = cfg["min_ms"], cfg["max_ms"]
-    target = cfg.get("target_ms") or math.sqrt(lo * hi)
+    target = cfg.get("target_ms") or lo ** 0.75 * hi ** 0.25   # see FilterConfig.target_ms
     cap = GPU_CAP_BYTES if cfg["device"] == "cuda" else None
     r = Runner(source, cfg["device"])
     memory: dict = {}
