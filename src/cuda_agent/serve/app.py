@@ -9,7 +9,8 @@
     GET  /v1/health                 -> Health (no token needed: status and counts only)
 
 Every route but health needs `Authorization: Bearer TOKEN` (401 without it, compared in constant
-time). Request bodies over `max_request_bytes` get 413 before they are read whole; a full queue
+time). Request bodies over `max_request_bytes` get 413 and are never stored (the rest of such a body
+is read and dropped first, within bounds, so that the client gets the 413 and not a reset); a full queue
 gets 429 with `Retry-After`; invalid fields get 422 listing where and why (the offending input is
 not echoed back: it may be megabytes of source).
 """
@@ -34,32 +35,56 @@ from .service import JudgeService, QueueFull, RunConflict, ServiceBroken
 POLL_S = 0.05   # how often a waiting request looks for finished submissions (a counter check, no I/O)
 
 
+DRAIN_CAP = 64 << 20  # the most of a refused body read (and dropped) before its 413
+DRAIN_S = 5.0         # and for how long at most, so a slow client cannot hold the worker
+
+
 class BodyLimit:
     """ASGI middleware: refuse bodies over `limit` bytes with 413, by Content-Length when given and
-    by counting while reading when not (chunked uploads)."""
+    by counting while reading when not (chunked uploads).
 
-    def __init__(self, app, limit: int):
+    Before the 413 the rest of the body is read and dropped (a bounded "lingering" drain, as well-kept
+    HTTP servers do): closing a socket with unread request bytes makes the kernel send a reset, and a
+    client still writing its body then often loses the 413 and sees a protocol error instead. The
+    drain stops past `drain_bytes` of body in all or `drain_s` seconds, and the 413 goes at once; it
+    has to come before the 413 because once the response is complete uvicorn's `receive()` answers
+    `http.disconnect` only."""
+
+    def __init__(self, app, limit: int, *, drain_bytes: int | None = None, drain_s: float = DRAIN_S):
         self.app, self.limit = app, limit
+        self.drain_bytes = min(4 * limit, DRAIN_CAP) if drain_bytes is None else drain_bytes
+        self.drain_s = drain_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
+            # With `Expect: 100-continue` the client waits for our word before it sends the body:
+            # nothing to drain. A body far over the drain bound is refused at once too: the client
+            # may then see a reset, nothing to be done about that short of reading it all.
+            if (length.isdigit() and int(length) <= self.drain_bytes
+                    and headers.get(b"expect", b"").lower() != b"100-continue"):
+                await self._drain(receive, 0)
             return await _too_large(send, self.limit)
         received = 0
         started = refused = False
 
         async def limited_receive():
-            # Past the limit: answer 413 now and tell the app the client left, so it stops reading
-            # (the app's own error handling would turn an exception here into a 400).
+            # Past the limit: drain the rest, answer 413 and tell the app the client left, so it stops
+            # reading (the app's own error handling would turn an exception here into a 400).
             nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    if not started and not refused:
+                    if not started:
                         refused = True
+                        if message.get("more_body", False):
+                            await self._drain(receive, received)
                         await _too_large(send, self.limit)
                     return {"type": "http.disconnect"}
             return message
@@ -77,6 +102,24 @@ class BodyLimit:
         except Exception:
             if not refused:
                 raise
+
+    async def _drain(self, receive, received: int) -> None:
+        """Read and drop the rest of the request body (`received` bytes of it read already) until its
+        end, the client leaving, `drain_bytes` in all or `drain_s` seconds, whichever comes first."""
+        deadline = time.monotonic() + self.drain_s
+        while received <= self.drain_bytes:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                message = await asyncio.wait_for(receive(), left)
+            except asyncio.TimeoutError:
+                return
+            if message["type"] != "http.request":
+                return  # the client left
+            received += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
 
 async def _too_large(send, limit: int) -> None:
