@@ -441,3 +441,28 @@ def test_landlock_mode_is_checked():
     assert JudgeConfig(device="cuda").landlock_mode() == "off"
     assert JudgeConfig(device="cpu").landlock_mode() == "auto"
     assert JudgeConfig(device="cuda", landlock="on").landlock_mode() == "on"
+
+
+@root_only
+def test_a_cgroup_still_being_torn_down_at_exit_is_removed_before_the_process_ends():
+    """The reaper that removes a killed process's cgroup once the kernel has let go of it is a
+    daemon thread, which dies with the process: a judge that exits meanwhile left the cgroup behind
+    for good. Here the cgroup cannot go until a child cgroup in it (the stand-in for a slow
+    teardown) is removed, half a second later, just as the process ends."""
+    script = textwrap.dedent("""
+        import os, sys, threading
+        from cuda_agent.judge.sandbox.cgroups import _kill_cgroup, _pids_cgroup
+        path = _pids_cgroup(8)
+        if path is None:
+            print("none"); sys.exit(0)
+        os.mkdir(os.path.join(path, "held"))
+        _kill_cgroup(path)             # cannot be removed yet: the reaper starts
+        threading.Timer(0.5, os.rmdir, [os.path.join(path, "held")]).start()
+        print(path, flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    path = out.stdout.strip()
+    if path == "none":
+        pytest.skip("no pids cgroup can be made here")
+    assert not os.path.exists(path), f"{path} was left behind"
