@@ -190,7 +190,7 @@ def main() -> int:
                     help="compose with the seed probe's guards (default on; off: the composer before round three)")
     ap.add_argument("--shortcut-cpu-ms", type=float, default=None,
                     help="shortcut checks on the workers' CPUs for tasks whose composed forward takes at most "
-                         "this many ms there (FilterConfig.shortcut_cpu_ms; 0: on the device)")
+                         "this many ms there (FilterConfig.shortcut_cpu_ms, default 10; 0: on the device)")
     ap.add_argument("--target-ms", type=float, default=None,
                     help="the runtime window's rescaling target (FilterConfig.target_ms; default a quarter of the "
                          "way up the window on a log scale)")

@@ -386,7 +386,7 @@ def test_shortcut_checks_run_on_the_cpu_only_for_tasks_that_are_cheap_there():
     assert all(torch.equal(a.cpu(), b) for a, b in zip(r.model().state_dict().values(), on.model().state_dict().values()))
     heavy = task("self.fc = nn.Linear(64, 4096)", "x = self.fc(x)\nreturn x @ x.t() @ x").replace("BATCH = 16", "BATCH = 4096")
     assert shortcut_runner(Runner(heavy, "cuda"), heavy, cfg).device == "cuda"
-    assert shortcut_runner(r, GOOD, fast_config(device="cuda").payload()) is r
+    assert shortcut_runner(r, GOOD, fast_config(device="cuda", shortcut_cpu_ms=0).payload()) is r
 
     with WorkerPool(fast_config(device="cuda", shortcut_cpu_ms=10.0), 1) as p:
         good = p.check(GOOD)

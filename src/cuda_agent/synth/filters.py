@@ -120,9 +120,9 @@ class FilterConfig(BaseModel):
     max_rel_l2_ceiling: float = Field(1e-2, description="the judge's max_rel_l2_ceiling")
     shortcuts: bool = Field(True, description="run the shortcut checks (degenerate, droppable parameters and inputs, "
                                               "hard-codable parameters, ill-conditioning, batch mixing)")
-    shortcut_cpu_ms: float = Field(0.0, ge=0, description="run the shortcut checks on the worker's CPU when a "
-                                                        "forward of the composed task takes at most this many ms "
-                                                        "there (cuda workers; 0: always on the device)")
+    shortcut_cpu_ms: float = Field(10.0, ge=0, description="run the shortcut checks on the worker's CPU when a "
+                                                         "forward of the composed task takes at most this many ms "
+                                                         "there (cuda workers; 0: always on the device)")
     n_input_sets: int = Field(10, ge=2, description="fresh input sets the shortcut checks use")
     shortcut_seed: int = Field(5000, description="input set k of the shortcut checks is drawn under seed "
                                                  "shortcut_seed + k (an audit uses other seeds than the filter)")

@@ -264,9 +264,15 @@ def shortcut_runner(r: Runner, source: str, cfg: dict) -> Runner:
         cpu = Runner(source, "cpu")
         model, xs = cpu.model(), cpu.inputs(cfg["shortcut_seed"])
         cpu.run(model, xs)   # the first run pays one-time costs
-        t0 = time.perf_counter()
-        cpu.run(model, xs)
-        ms = (time.perf_counter() - t0) * 1e3
+        # the fastest of three: one run on a loaded host (other workers, a build beside) can take
+        # ten times its time and would send a cheap task to the device
+        ms = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            cpu.run(model, xs)
+            ms = min(ms, (time.perf_counter() - t0) * 1e3)
+            if ms <= limit:
+                break
     except Reject:
         return r   # an op without a CPU kernel, say: the device decides
     return cpu if ms <= limit else r
