@@ -174,3 +174,24 @@ def test_a_worker_that_dies_before_the_candidates_code_ran_is_the_judges_failure
     assert session.candidate_code is loading
     assert stop.value.failure.category is (FC.CRASH if loading else FC.JUDGE), stop.value.failure
     assert "out of memory" in stop.value.failure.message
+
+
+def test_a_message_to_a_worker_that_has_died_fails_the_run_with_how_it_died():
+    """A worker that died between two messages (its end of the socket gone): the judge's next send
+    fails with a broken pipe or a reset, which must end the run as a death of the process, as a
+    read does, and never escape as the judge's own BrokenPipeError (a task set's reference check
+    reported one as the task's runtime error)."""
+    import socket
+
+    from cuda_agent.judge.protocol import Channel
+    from cuda_agent.judge.session import Session
+
+    ours, theirs = socket.socketpair()
+    session = Session(_DeadWorker(), Channel(ours), None, memory_limit_mb=1000, disk_limit_mb=1000)
+    session.candidate_code = True
+    theirs.close()
+    with pytest.raises(Stop) as stop:
+        for _ in range(100):   # the first sends may still fill the buffer of a socket just closed
+            session.send({"op": "prepare"}, "call 3")
+    assert stop.value.failure.category is FC.CRASH, stop.value.failure
+    assert "died during call 3" in stop.value.failure.message and "exited with status 1" in stop.value.failure.message

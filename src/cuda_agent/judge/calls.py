@@ -239,10 +239,10 @@ class CallLoop:
         if call.training is not None and call.training != self.mode_sent:  # untimed, outside the idle CPU account too
             self.mode_sent = self._set_mode(call.training, i)
         if call.state_seed is not None:  # untimed, and outside the idle CPU account (harness's own work)
-            session.chan.send({"op": "perturb", "seed": call.state_seed, "delta": PROBE_DELTA})
+            session.send({"op": "perturb", "seed": call.state_seed, "delta": PROBE_DELTA}, f"call {i}")
             self._answer(i)
         t_ask = time.perf_counter()
-        session.chan.send({"op": "prepare"})
+        session.send({"op": "prepare"}, f"call {i}")
         ready = session.recv(self._until_call(), f"call {i}")
         call.protocol_ms = (time.perf_counter() - t_ask) * 1e3
         if not ready.ok:
@@ -252,7 +252,7 @@ class CallLoop:
         """The call on the judge's clocks: its inputs written (or released by the judge), its reply,
         and the outputs and every clock at the reply."""
         cfg, dev, session = self.config, self.device, self.session
-        chan, plane, proc = session.chan, session.plane, session.proc
+        plane, proc = session.plane, session.proc
         i, inputs = call.index, call.inputs
         # The clock starts before the inputs exist anywhere the candidate can read them. The
         # bounds reconcile reads for timed calls on the CPU backend: per thread of the candidate
@@ -271,7 +271,7 @@ class CallLoop:
                 torch.cuda.synchronize()  # the inputs are in place before the process hears of them
             if session.staged:
                 # copied into the process's own memory before the clock starts (JudgeConfig.stage_inputs)
-                chan.send({"op": "stage", "inputs": meta})
+                session.send({"op": "stage", "inputs": meta}, f"call {i}")
                 self._next_op("staged", i, "stage its inputs")
                 t_send = time.perf_counter()
         else:
@@ -284,8 +284,8 @@ class CallLoop:
         # (launches.cpp, host-side callbacks). CUDA's activity records of the kernels that ran
         # are taken on the checked calls only: they add ~20 us of GPU time per kernel on an
         # H200, which would be timed with the kernel.
-        chan.send({"op": "call", "index": i, "inputs": meta, "kernels": call.checked, "release": release,
-                   "staged": session.staged and release is None})
+        session.send({"op": "call", "index": i, "inputs": meta, "kernels": call.checked, "release": release,
+                      "staged": session.staged and release is None}, f"call {i}")
         until = min(self.deadline, time.monotonic() + limit_s)
         answered = None
         if release is not None:
@@ -338,7 +338,7 @@ class CallLoop:
             self.probe_base = {"inputs": call.inputs, "got": got, "expected": expected, "expected64": expected64,
                                "cmp": cmp}
         elif role == "probe":
-            session.chan.send({"op": "restore"})  # the parameters as they were, before any later call
+            session.send({"op": "restore"}, f"call {i}")  # the parameters as they were, before any later call
             self._answer(i)
             self._probe(i, self.probe_base, got, expected, expected64)
             self.probe_base = None
@@ -421,7 +421,7 @@ class CallLoop:
     def _set_mode(self, training: bool, i: int) -> bool:
         """A stochastic task's candidate put in training mode (its modules' flags as constructed) or
         eval mode before call `i` (worker.py's "mode"); returns the mode set."""
-        self.session.chan.send({"op": "mode", "training": training})
+        self.session.send({"op": "mode", "training": training}, f"call {i}")
         self._answer(i)
         return training
 
@@ -438,7 +438,7 @@ class CallLoop:
     def _bandwidth_probe(self, inputs: list) -> None:
         """timing.bandwidth_probe in the candidate process and in the judge's own, on the largest
         input of the last call, noted in the verdict (a diagnostic of memory-bound timing)."""
-        self.session.chan.send({"op": "bandwidth"})
+        self.session.send({"op": "bandwidth"}, "bandwidth probe")
         got = self.session.recv(min(self.deadline, time.monotonic() + self.config.call_timeout_s), "bandwidth probe",
                                 Bandwidth.parse)
         mine: dict = {}
@@ -550,7 +550,7 @@ class CallLoop:
             return unpack(meta, session.calls, 0, plane.in_size, self.device)
         if self.device == "cpu":
             return unpack(meta, plane.view, 0, plane.in_size)
-        session.chan.send({"op": "echo"})
+        session.send({"op": "echo"}, f"call {i}")
         echo = session.recv(self._until_call(), f"call {i}", Echo.parse)
         if not echo.ok:
             raise _Stop(FC.RUNTIME, f"call {i}: reading back the inputs failed: {str(echo.message)[:500]}")

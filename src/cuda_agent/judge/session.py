@@ -114,6 +114,20 @@ class Session:
                 raise Stop(FC.RESOURCE, f"the candidate process used {used:.0f} MiB of disk during {what} "
                                         f"(limit {self.disk_limit_mb} MiB)")
 
+    def send(self, message: dict, what: str) -> None:
+        """A message to the worker during `what`. A worker that has died by then (its end of the
+        socket gone: a broken pipe or a reset) fails the run as `recv` does, with how it died, not
+        as an error of the judge's own."""
+        try:
+            self.chan.send(message)
+        except (BrokenPipeError, ConnectionResetError):
+            if self.proc.proc.poll() is None:
+                try:
+                    self.proc.proc.wait(timeout=5)
+                except Exception:  # noqa: BLE001 - still alive: described as it is
+                    pass
+            raise self._died(what) from None
+
     def _died(self, what: str) -> Stop:
         """The failure of a worker that died during `what`: the candidate's crash once its code ran,
         the judge's failure before (the harness's own set-up, e.g. a GPU out of memory)."""

@@ -113,7 +113,7 @@ class Starter:
                 poison_bytes=setup.out_bytes if self.device == "cuda" and cfg.poison_outputs else 0,
                 gpu_plane=shared.handle.hex() if shared is not None else None,
                 require=proc.required_isolation())
-            chan.send(dict(init))
+            session.send(dict(init), "loading the candidate")
             session.ready = self.serve_init(session, ev, min(deadline, time.monotonic() + cfg.init_timeout_s))
             session.judge_release = (judge_release and shared is not None
                                      and session.ready.gpu_plane and session.ready.judge_release)
@@ -192,7 +192,7 @@ class Starter:
                 continue
             if isinstance(msg, LoadInline):
                 started = time.monotonic()
-                session.chan.send(dict(self.builds.serve(msg.request, session.proc, ev)))
+                session.send(dict(self.builds.serve(msg.request, session.proc, ev)), "loading the candidate")
                 # compile time has its own limit (build_timeout_s); it does not count as loading time
                 deadline += time.monotonic() - started
                 continue
