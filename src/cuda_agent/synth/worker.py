@@ -19,12 +19,14 @@ Checks, in order (the first failure is the verdict):
                          shortcuts.py): degenerate, droppable_input, hardcodable_parameter,
                          droppable_parameter, ill_conditioned, batch_mixing
   runtime_window         eager median in [min_ms, max_ms], BATCH rescaled toward it first
-                         (a size that runs out of GPU memory is backed off toward the last good one)
+                         (a size that runs out of GPU memory is backed off toward the last good one;
+                         on the GPU, BATCH stays where the later checks fit the worker's memory share)
   (the value checks are repeated on the rescaled task)
   criterion_*            the export criterion (criterion.py) on the rescaled task, as the judge
                          draws and compares it
   out_of_memory          any check above ran out of the worker's GPU memory share (the checks after
-                         the window first retry at half the BATCH while its time stays in the window)
+                         the window first retry at half the BATCH while its time stays in the window),
+                         or the window reaches min_ms only at a BATCH whose later checks would not fit
   compile_error, compile_mismatch   torch.compile output matches eager (judge tolerances)
 
 Seeds: weights are built under INIT_SEED, inputs under INPUT_SEEDS; fixed so that a rerun of the
