@@ -94,8 +94,7 @@ class Session:
             except ChannelTimeout:
                 pass
             except ChannelClosed:
-                proc.proc.wait(timeout=5) if proc.proc.poll() is None else None
-                raise self._died(what) from None
+                raise self._closed(what) from None
             except ProtocolError as exc:
                 raise Stop(FC.TAMPERING, f"malformed message from the candidate process: {exc}") from None
             else:
@@ -121,12 +120,14 @@ class Session:
         try:
             self.chan.send(message)
         except (BrokenPipeError, ConnectionResetError):
-            if self.proc.proc.poll() is None:
-                try:
-                    self.proc.proc.wait(timeout=5)
-                except Exception:  # noqa: BLE001 - still alive: described as it is
-                    pass
-            raise self._died(what) from None
+            raise self._closed(what) from None
+
+    def _closed(self, what: str) -> Stop:
+        """The failure of a worker whose end of the socket went during `what`: its exit awaited
+        briefly, so that the failure says how it died."""
+        if self.proc.proc.poll() is None:
+            self.proc.proc.wait(timeout=5)
+        return self._died(what)
 
     def _died(self, what: str) -> Stop:
         """The failure of a worker that died during `what`: the candidate's crash once its code ran,

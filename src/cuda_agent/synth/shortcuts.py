@@ -254,9 +254,10 @@ def shortcut_runner(r: Runner, source: str, cfg: dict) -> Runner:
     task a hundred times and more at sizes (BATCH 8-64) where a GPU forward is a few launches of tiny
     kernels. On an H100 with eight workers they took 44% of the workers' time while the GPU, shared
     by time-slicing between the processes, was busy throughout and the CPUs 40% idle: for a small
-    task, work the worker's CPU threads can take over. What they decide (degenerate, droppable or hard-codable, ill-conditioned, batch mixing) is the
-    task's arithmetic, not the device's; the export criterion then checks the exported size on the
-    device. The same weights either way (drawn under one seed, then moved)."""
+    task, work the worker's CPU threads can take over. What they decide (degenerate, droppable or
+    hard-codable, ill-conditioned, batch mixing) is the task's arithmetic, not the device's; the
+    export criterion then checks the exported size on the device. The same weights either way
+    (drawn under one seed, then moved)."""
     limit = cfg.get("shortcut_cpu_ms") or 0.0
     if r.device == "cpu" or limit <= 0:
         return r

@@ -67,10 +67,15 @@ def _kill_cgroup_once(path: str) -> bool:
         return False
 
 
+def _removed(path: str) -> bool:
+    """Whether the cgroup is gone now (anything still inside killed first)."""
+    return _kill_cgroup_once(path) or not os.path.isdir(path)
+
+
 def _reap_cgroup(path: str) -> None:
     for _ in range(200):
         time.sleep(0.05)
-        if _kill_cgroup_once(path) or not os.path.isdir(path):
+        if _removed(path):
             with _unreaped_lock:
                 _unreaped.discard(path)
             return
@@ -84,7 +89,7 @@ def _reap_at_exit(limit_s: float = 10.0) -> None:
     deadline = time.monotonic() + limit_s
     while True:
         with _unreaped_lock:
-            left = [p for p in _unreaped if not (_kill_cgroup_once(p) or not os.path.isdir(p))]
+            left = [p for p in _unreaped if not _removed(p)]
             _unreaped.intersection_update(left)
         if not left or time.monotonic() > deadline:
             return
