@@ -466,3 +466,28 @@ def test_a_cgroup_still_being_torn_down_at_exit_is_removed_before_the_process_en
     if path == "none":
         pytest.skip("no pids cgroup can be made here")
     assert not os.path.exists(path), f"{path} was left behind"
+
+
+def test_the_cgroup_reaper_keeps_trying_past_a_slow_teardown(monkeypatch):
+    """A killed process's cgroup can only go once the kernel has torn the process down; on a
+    loaded machine that took longer than the reaper once waited (ten seconds), and the cgroup
+    stayed until the judge exited. Here removal succeeds only at the 300th try."""
+    from cuda_agent.judge.sandbox import cgroups
+
+    tries = []
+    monkeypatch.setattr(cgroups, "_removed", lambda path: tries.append(path) or len(tries) >= 300)
+    monkeypatch.setattr(cgroups.time, "sleep", lambda s: None)
+    path = "/sys/fs/cgroup/pids/cuda-agent-test-slow"
+    with cgroups._unreaped_lock:
+        cgroups._unreaped.add(path)
+    cgroups._reap_cgroup(path)
+    assert len(tries) == 300 and path not in cgroups._unreaped
+    # and past its limit it leaves the cgroup to the exit hook, not forgotten
+    tries.clear()
+    monkeypatch.setattr(cgroups, "_removed", lambda path: tries.append(path) and False)
+    with cgroups._unreaped_lock:
+        cgroups._unreaped.add(path)
+    cgroups._reap_cgroup(path, limit_s=0.0)
+    assert path in cgroups._unreaped
+    with cgroups._unreaped_lock:
+        cgroups._unreaped.discard(path)

@@ -72,13 +72,19 @@ def _removed(path: str) -> bool:
     return _kill_cgroup_once(path) or not os.path.isdir(path)
 
 
-def _reap_cgroup(path: str) -> None:
-    for _ in range(200):
-        time.sleep(0.05)
+def _reap_cgroup(path: str, limit_s: float = 600.0) -> None:
+    """Retry the removal, soon at first, then every two seconds for up to `limit_s`. Teardown
+    usually takes milliseconds, but a killed compiler on a loaded two-core machine took longer
+    than the ten seconds this once waited, and a cgroup given up on stayed until the judge exited."""
+    deadline = time.monotonic() + limit_s
+    wait = 0.05
+    while time.monotonic() < deadline:
+        time.sleep(wait)
         if _removed(path):
             with _unreaped_lock:
                 _unreaped.discard(path)
             return
+        wait = min(wait * 1.5, 2.0)
 
 
 @atexit.register
