@@ -11,6 +11,7 @@ failure of the run (`Stop`).
 
 from __future__ import annotations
 
+import subprocess
 import time
 from typing import Callable, TypeVar
 
@@ -122,11 +123,19 @@ class Session:
         except (BrokenPipeError, ConnectionResetError):
             raise self._closed(what) from None
 
-    def _closed(self, what: str) -> Stop:
+    def _closed(self, what: str, linger_s: float = 5.0) -> Stop:
         """The failure of a worker whose end of the socket went during `what`: its exit awaited
-        briefly, so that the failure says how it died."""
-        if self.proc.proc.poll() is None:
-            self.proc.proc.wait(timeout=5)
+        briefly, so that the failure says how it died. One still alive `linger_s` later closed the
+        socket itself (the candidate's code can reach every descriptor of its process): the
+        candidate's failure, never an error of the judge's own."""
+        try:
+            self.proc.proc.wait(timeout=linger_s)
+        except subprocess.TimeoutExpired:
+            if not self.candidate_code and not self.trusted:
+                return Stop(FC.JUDGE, f"the judge's worker process closed its channel during {what}, before any "
+                                      f"of the candidate's code ran, and did not exit:\n{log_excerpt(self.proc)}")
+            return Stop(FC.TAMPERING, f"the candidate process closed its channel to the judge during {what} and "
+                                      f"did not exit:\n{log_excerpt(self.proc)}")
         return self._died(what)
 
     def _died(self, what: str) -> Stop:
