@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,25 +33,79 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
 
 
 def test_uid_ranges_do_not_overlap():
+    from cuda_agent.judge.config import JudgeConfig
     from cuda_agent.pool.pool import MAX_SLOTS
 
-    spares = 4
+    spares = JudgeConfig.model_fields["spares"].metadata[-1].le   # the most a judge may keep
     judge = set(host.JUDGE_UIDS)
     builds = {host.build_uid(u) for u in host.JUDGE_UIDS}
     spare = {host.spare_uid(u, k) for u in host.JUDGE_UIDS for k in range(1, spares + 1)}
-    synth = {host.synth_uid(slot, start, 4) for slot in range(64) for start in range(8)}
-    prebuild = {host.prebuild_uid_base(pid) + k for pid in range(0, 4_000_000, 997) for k in range(8)}
-    ranges = [judge, builds, spare, synth, prebuild]
+    ranges = [judge, builds, spare, set(host.SYNTH_UIDS), set(host.PREBUILD_UIDS)]
     for i, a in enumerate(ranges):
         for b in ranges[i + 1:]:
             assert not a & b
-    assert synth <= set(host.SYNTH_UIDS) and prebuild <= set(host.PREBUILD_UIDS)
-    # a pool's judge and compile slots stay inside the judges' range, whatever its process id
-    for pid in range(30):
-        base = host.judge_uid(pid * 2 * MAX_SLOTS)
-        assert base in host.JUDGE_UIDS and base + 2 * MAX_SLOTS - 1 in host.JUDGE_UIDS
-    # a synthesis slot's restarts cycle through distinct uids
-    assert len({host.synth_uid(3, start, 4) for start in range(4)}) == 4
+    # a pool's judge and compile slots fit the judges' range
+    assert 2 * MAX_SLOTS < len(host.JUDGE_UIDS)
+
+
+_HOLD = """
+import sys
+from cuda_agent import host
+lease = host.lease_uids(host.JUDGE_UIDS, range(3), int(sys.argv[1]))
+print(lease.base, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uid leases are taken only by a root judge")
+def test_uid_leases_keep_processes_apart_until_one_ends():
+    """Two processes that pick the same starting place get disjoint uids; one's uids are free
+    again once it ends, killed or not (the kernel drops its locks), or once it closes its lease."""
+    spread = 1234
+    other = subprocess.Popen([sys.executable, "-c", _HOLD, str(spread)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = int(other.stdout.readline())
+        assert theirs == host.JUDGE_UIDS.start + spread
+        with host.lease_uids(host.JUDGE_UIDS, range(3), spread) as mine:
+            assert not set(mine.uids) & {theirs, theirs + 1, theirs + 2}
+            # a second lease in the same process is kept apart from the first as well
+            with host.lease_uids(host.JUDGE_UIDS, [0], spread + 2) as third:
+                assert third.base not in mine.uids and third.base != theirs + 2
+        other.kill()
+        other.wait(timeout=30)
+        with host.lease_uids(host.JUDGE_UIDS, range(3), spread) as again:
+            assert again.base == theirs
+        folder = os.stat(host._lease_dir())
+        assert folder.st_uid == 0 and not folder.st_mode & 0o077
+        with pytest.raises(ValueError):
+            host.lease_uids(range(10), range(11), 0)
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uid leases are taken only by a root judge")
+def test_judges_and_synthesis_pools_of_two_processes_never_share_a_uid(tmp_path):
+    """A judge takes a leased uid and gives it back on close; a synthesis worker pool leases its
+    workers' uids, so a second pool (another synthesis run) gets others."""
+    from cuda_agent.judge import Judge, JudgeConfig
+    from cuda_agent.synth.filters import FilterConfig, Worker, WorkerPool
+
+    room = len(host.JUDGE_UIDS)
+    place = (os.getpid() + 997 * (Judge._instances + 1)) % room   # where the next judge starts its search
+    with host.lease_uids(host.JUDGE_UIDS, [0], place) as taken:
+        with Judge(JudgeConfig(device="cpu", cache_dir=tmp_path)) as judge:
+            assert taken.base == host.JUDGE_UIDS.start + place
+            assert judge.uid == host.JUDGE_UIDS.start + (place + 1) % room
+            with host.lease_uids(host.JUDGE_UIDS, [0], place + 1) as beside:
+                assert beside.base != judge.uid
+        with host.lease_uids(host.JUDGE_UIDS, [0], place + 1) as after:   # the judge gave it back
+            assert after.base == judge.uid
+    with WorkerPool(FilterConfig(device="cpu"), 2) as one, WorkerPool(FilterConfig(device="cpu"), 2) as two:
+        uids = [{w.uid_base + k for k in range(Worker.UID_WAYS)} for w in one._all + two._all]
+        assert sum(map(len, uids)) == len(set().union(*uids)) == 4 * Worker.UID_WAYS
+        assert set().union(*uids) <= set(host.SYNTH_UIDS)
 
 
 def test_true_fp32_turns_tf32_off():

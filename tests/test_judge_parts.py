@@ -63,7 +63,7 @@ def test_worker_supply_uids_and_the_zygote_rule(tmp_path):
     cfg = JudgeConfig(device="cpu", spares=2, cache_dir=tmp_path)
     supply = WorkerSupply(cfg, uid=None, work_root=tmp_path)
     assert supply.sandbox_uids() == set() and supply.standby_pids() == set()
-    base = host.judge_uid(7)
+    base = host.JUDGE_UIDS.start + 7
     rooted = WorkerSupply(cfg, uid=base, work_root=tmp_path)
     assert rooted.sandbox_uids() == {host.spare_uid(base, k) for k in range(3)} and len(rooted.sandbox_uids()) == 3
     assert ZygoteHolder(cfg).wanted and not ZygoteHolder(JudgeConfig(device="cpu", use_zygote=False)).wanted

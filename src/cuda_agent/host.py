@@ -43,18 +43,15 @@ def visible_gpus() -> list[str]:
 
 # -- sandbox uids ------------------------------------------------------------------------------------
 # Cleaning up after a sandboxed process kills every process of its uid, so no two processes that
-# may be alive at once share one. Each kind takes its own range (used when running as root):
+# may be alive at once share one, within one judge process or across processes (two synthesis
+# runs, a judge service beside a benchmark). Each kind takes its own range (used when running as
+# root), and every uid in use is leased (`lease_uids`) so that another process cannot take it:
 
 SYNTH_UIDS = range(58000, 61000)   # synthesis filter workers: a few per slot, taken in turn
 JUDGE_UIDS = range(61000, 65000)   # a judge's candidate processes (and a pool's judge slots)
 BUILD_UID_OFFSET = 5000            # a judge's builds: its uid + this (66000-69999)
 SPARE_UID_STRIDE = 10000           # the k-th worker a judge keeps alive at once: its uid + k * this
-PREBUILD_UIDS = range(150000, 158000)  # `cuda-agent build` ahead of judging: 8 per process
-
-
-def judge_uid(spread: int) -> int:
-    """A judge's uid; `spread` (a process id, a slot number) picks one in the range."""
-    return JUDGE_UIDS.start + spread % len(JUDGE_UIDS)
+PREBUILD_UIDS = range(150000, 158000)  # `cuda-agent build` ahead of judging: one per parallel build
 
 
 def build_uid(uid: int) -> int:
@@ -67,15 +64,78 @@ def spare_uid(uid: int, k: int) -> int:
     return uid + SPARE_UID_STRIDE * k
 
 
-def prebuild_uid_base(spread: int) -> int:
-    """The first of the 8 uids of one `cuda-agent build` process (`spread`: its process id)."""
-    return PREBUILD_UIDS.start + (spread % (len(PREBUILD_UIDS) // 8)) * 8
+class UidLease:
+    """Sandbox uids this process holds: an exclusive `flock` on one file per uid in a folder only
+    root can enter. The kernel drops the locks when the process ends, however it ends, so a crash
+    frees its uids and there is nothing to clean up. Derived uids (`build_uid`, `spare_uid`) need
+    no lease of their own: they follow from the leased one, and no range overlaps another."""
+
+    def __init__(self, base: int, uids: list[int], fds: list[int]):
+        self.base, self.uids, self._fds = base, uids, fds
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)   # closing the descriptor drops its lock
+
+    __del__ = close   # a lease dropped unclosed (its owner's set-up failed) frees its uids
+
+    def __enter__(self) -> "UidLease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def synth_uid(slot: int, start: int, ways: int) -> int:
-    """The uid of a synthesis worker slot's `start`-th process; a slot cycles through `ways` uids so
-    that a replacement never shares one with the process it replaces."""
-    return SYNTH_UIDS.start + slot * ways + start % ways
+def _lease_dir() -> str:
+    """The folder of the lease files: /run's where it can be made, else the temporary folder's;
+    either must be this user's own and closed to others (a folder someone else made could hand
+    out their choice of uids)."""
+    import stat
+    import tempfile
+
+    for parent in ("/run", tempfile.gettempdir()):
+        path = os.path.join(parent, "cuda-agent-uids")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return path
+    raise RuntimeError("no folder for sandbox uid leases: /run/cuda-agent-uids and "
+                       f"{os.path.join(tempfile.gettempdir(), 'cuda-agent-uids')} are missing and cannot be made, "
+                       "or belong to another user, or are open to others")
+
+
+def lease_uids(pool: range, offsets: list[int] | range, spread: int) -> UidLease:
+    """The uids `base + o` (o in `offsets`) for the first `base` in `pool`, searched from one that
+    `spread` picks (a process id, say, so that processes start apart), of which no live process
+    holds any; held until the lease is closed or this process ends."""
+    import fcntl
+
+    offsets = list(offsets)
+    room = len(pool) - max(offsets)
+    if not offsets or min(offsets) < 0 or room <= 0:
+        raise ValueError(f"offsets {offsets[:4]}... do not fit uids {pool.start}-{pool.stop - 1}")
+    folder = _lease_dir()
+    for i in range(room):
+        base = pool.start + (spread + i) % room
+        fds: list[int] = []
+        for o in offsets:
+            fd = os.open(os.path.join(folder, str(base + o)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                break
+            fds.append(fd)
+        else:
+            return UidLease(base, [base + o for o in offsets], fds)
+        for fd in fds:
+            os.close(fd)
+    raise RuntimeError(f"no {len(offsets)} free sandbox uids in {pool.start}-{pool.stop - 1}: other processes "
+                       "hold them all")
 
 
 # -- numerics ------------------------------------------------------------------------------------------

@@ -226,7 +226,7 @@ class JudgeConfig(BaseModel):
         "cuda backend: worker processes started ahead of need (torch imported, GPU context and profiler "
         "ready, ~10 s each); each holds a GPU context while it waits. Back-to-back evaluations shorter "
         "than a tenth of that start time wait for one; 0 starts each worker when its candidate comes"))
-    sandbox_uid: int | None = Field(None, description="uid for untrusted processes when run as root (default: "
+    sandbox_uid: int | None = Field(None, ge=1, description="uid for untrusted processes when run as root (default: "
                                                       "one of cuda_agent.host.JUDGE_UIDS per judge; its spare "
                                                       "workers and builds are offset from it there)")
     landlock: Literal["auto", "on", "off"] = Field(

@@ -112,9 +112,17 @@ class Judge:
         host.true_fp32(torch)
         self.arch = arch = build_arch(self.device, config.arch)
         # Two judges must not share a uid (cleaning up after one's worker would kill the other's):
-        # the process id spreads processes, the instance count the judges of one process.
+        # one is leased for the judge's life, searched from a place the process id and the
+        # instance count pick. A given `sandbox_uid` is the caller's (a pool's slot, leased there).
         Judge._instances += 1
-        self.uid = (config.sandbox_uid or host.judge_uid(os.getpid() + 997 * Judge._instances)) if is_root() else None
+        self._uid_lease = None
+        self.uid = None
+        if is_root():
+            if config.sandbox_uid is not None:
+                self.uid = config.sandbox_uid
+            else:
+                self._uid_lease = host.lease_uids(host.JUDGE_UIDS, [0], os.getpid() + 997 * Judge._instances)
+                self.uid = self._uid_lease.base
         self.work_root = work_root_dir()
         # Worker processes: spares started ahead of need, the zygote, a uid per live worker.
         self.supply = WorkerSupply(config, self.uid, self.work_root)
@@ -253,6 +261,8 @@ class Judge:
         self.supply.close()
         self._build_zygote.close()
         self.starter.close()
+        if self._uid_lease is not None:   # last: its processes are gone
+            self._uid_lease.close()
 
     def standby_pids(self) -> set[int]:
         """Processes this judge keeps between evaluations on purpose: its spare workers (which run no

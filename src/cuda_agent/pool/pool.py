@@ -53,6 +53,7 @@ from cuda_agent.candidate import Candidate
 from cuda_agent.host import visible_gpus  # noqa: F401 (re-exported by cuda_agent.pool)
 from cuda_agent.judge.config import JudgeConfig
 from cuda_agent.judge.harness import JudgeError
+from cuda_agent.judge.sandbox import is_root
 from cuda_agent.judge.verdict import Failure, FailureCategory, Verdict
 from cuda_agent.tasks import Task
 
@@ -199,7 +200,12 @@ class Pool:
 
         # Distinct sandbox uids per worker (used when running as root): a judge's clean-up kills
         # every process of its uid, which must never reach another worker's candidate or build.
-        base = host.judge_uid((os.getpid() % 30) * 2 * MAX_SLOTS)
+        # They are leased for the pool's life, so that no other process (another pool, a judge) takes
+        # them; a given `sandbox_uid` numbers the judge slots instead (the caller's to keep apart).
+        offsets = ([] if config.sandbox_uid is not None else list(range(n_judges))) + \
+            [MAX_SLOTS + j for j in range(n_compile)]
+        self._uid_lease = host.lease_uids(host.JUDGE_UIDS, offsets, os.getpid()) if is_root() and offsets else None
+        base = self._uid_lease.base if self._uid_lease is not None else host.JUDGE_UIDS.start
         self._slots: list[_Slot] = []
         for i in range(n_judges):
             uid = (config.sandbox_uid + i) if config.sandbox_uid is not None else base + i
@@ -340,6 +346,8 @@ class Pool:
                 self._cond.notify_all()
             _resolve(resolved)
             self._stop_workers()
+            if self._uid_lease is not None:   # its workers are stopped: the uids may go to others
+                self._uid_lease.close()
             self._ready.set()
 
     def _start(self, slot: _Slot, now: float) -> None:

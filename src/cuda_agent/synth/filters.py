@@ -224,8 +224,9 @@ class Worker:
 
     UID_WAYS = 4       # a restarted worker takes the next of its slot's uids (see start)
 
-    def __init__(self, config: FilterConfig, slot: int, gpu_share: int = 1):
-        self.config, self.slot = config, slot
+    def __init__(self, config: FilterConfig, slot: int, gpu_share: int = 1, uid_base: int = host.SYNTH_UIDS.start):
+        """`uid_base`: the first of the UID_WAYS uids of this worker's (leased by its pool)."""
+        self.config, self.slot, self.uid_base = config, slot, uid_base
         self.gpu_share = gpu_share   # workers on this worker's GPU (they split its memory)
         self.proc = None
         self._buf = b""
@@ -246,7 +247,7 @@ class Worker:
 
         # Each start takes the next of the slot's uids: the process being replaced (stuck in the
         # driver after a fault, say) and its clean-up by uid never touch the new one.
-        uid = host.synth_uid(self.slot, self.starts, self.UID_WAYS)
+        uid = self.uid_base + self.starts % self.UID_WAYS
         self.starts += 1
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
@@ -367,7 +368,15 @@ class WorkerPool:
             gpus = max(1, len(visible_gpus()))
         # slot k runs on GPU k mod gpus (Worker._gpu_env): that many workers share each GPU
         share = -(-size // gpus) + -(-reserve // gpus)
-        self._all = [Worker(config, i, gpu_share=share) for i in range(size)]
+        # Each worker's uids, leased for the pool's life: another synthesis run on the machine (whose
+        # clean-up kills every process of its uids) can never take them.
+        from cuda_agent.judge.sandbox import is_root
+
+        ways = Worker.UID_WAYS
+        self._uid_lease = host.lease_uids(host.SYNTH_UIDS, range(size * ways), os.getpid()) \
+            if is_root() and size else None
+        base = self._uid_lease.base if self._uid_lease is not None else host.SYNTH_UIDS.start
+        self._all = [Worker(config, i, gpu_share=share, uid_base=base + i * ways) for i in range(size)]
         for w in self._all:
             self._idle.put(w)
 
@@ -381,6 +390,8 @@ class WorkerPool:
     def close(self) -> None:
         for w in self._all:
             w.close()
+        if self._uid_lease is not None:
+            self._uid_lease.close()
 
     def __enter__(self) -> "WorkerPool":
         return self
