@@ -41,6 +41,20 @@ BURN_IN_THREAD = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def uid():
+    """A sandbox uid leased as a judge leases its own (None where the tests are not root): a
+    judge of another test process never shares it, and so never loses a process to this test's
+    clean-up by uid."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    from cuda_agent import host
+
+    with host.lease_uids(host.JUDGE_UIDS, [0], os.getpid()) as lease:
+        yield lease.base
+
+
 def _wait_for(path: Path, text: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -65,14 +79,14 @@ def test_cpu_clock_counts_threads_that_have_exited(tmp_path):
 
 
 @root_only
-def test_cpu_clock_reads_a_process_of_another_uid(tmp_path):
+def test_cpu_clock_reads_a_process_of_another_uid(tmp_path, uid):
     workdir = sb.new_workdir(sb.work_root_dir() / "runs", "clock-")
     (workdir / "burn.py").write_text(BURN_IN_THREAD)
     proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", str(workdir / "burn.py")], workdir=workdir,
-                                       uid=64321))
+                                       uid=uid))
     try:
         _wait_for(proc.log_path, "done")
-        assert sb._proc_status(str(proc.pid)).get("Uid", "").split()[0] == "64321"
+        assert sb._proc_status(str(proc.pid)).get("Uid", "").split()[0] == str(uid)
         assert cpu_ns(proc.pid) >= 0.35e9
     finally:
         proc.cleanup()
@@ -109,7 +123,7 @@ INSIDE = textwrap.dedent("""
 
 
 @root_only
-def test_sandboxed_process_has_its_own_uid_and_sees_none_of_the_judge(tmp_path):
+def test_sandboxed_process_has_its_own_uid_and_sees_none_of_the_judge(tmp_path, uid):
     import cuda_agent
 
     work = sb.work_root_dir()
@@ -124,7 +138,6 @@ def test_sandboxed_process_has_its_own_uid_and_sees_none_of_the_judge(tmp_path):
     code = INSIDE.replace("JUDGE", str(os.getpid())).replace("CACHE", repr(str(cache))) \
         .replace("WORK", repr(str(work))).replace("OTHER", repr(str(other)))
     (workdir / "probe.py").write_text(code)
-    uid = 64322
     proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", str(workdir / "probe.py")], workdir=workdir,
                                        uid=uid, hide=(cache,)))
     try:
@@ -195,14 +208,14 @@ def test_missing_isolation_is_named_before_candidate_code_runs():
 
 
 @root_only
-def test_isolation_gaps_are_read_from_the_kernel(tmp_path):
+def test_isolation_gaps_are_read_from_the_kernel(tmp_path, uid):
     """A process without the network namespace it was required to have, and without seccomp, is
     reported as incomplete; the same process checked against what it was given is complete on
     uid and network."""
     workdir = sb.new_workdir(sb.work_root_dir() / "runs", "gaps-")
     (workdir / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
     proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", str(workdir / "wait.py")], workdir=workdir,
-                                       uid=64323, isolate_network=False))
+                                       uid=uid, isolate_network=False))
     try:
         _wait_for(proc.log_path, "up")
         missing, reduced = proc.isolation_gaps(audit_hook=True)
@@ -414,11 +427,11 @@ def test_a_judge_asked_for_landlock_runs_its_candidates_under_it(tmp_path):
 
 
 @needs_landlock
-def test_a_process_that_asked_for_landlock_and_can_still_read_the_work_root_is_incomplete():
+def test_a_process_that_asked_for_landlock_and_can_still_read_the_work_root_is_incomplete(uid):
     workdir = sb.new_workdir(sb.work_root_dir() / "runs", "ll-gaps-")
     (workdir / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
     proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", str(workdir / "wait.py")], workdir=workdir,
-                                       uid=64324 if os.geteuid() == 0 else None, landlock="on"))
+                                       uid=uid, landlock="on"))
     try:
         _wait_for(proc.log_path, "up")
         assert "landlock" in proc.isolation
