@@ -504,3 +504,82 @@ def test_the_cgroup_reaper_keeps_trying_past_a_slow_teardown(monkeypatch):
     assert path in cgroups._unreaped
     with cgroups._unreaped_lock:
         cgroups._unreaped.discard(path)
+
+
+def _wait_gone(path: str, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not os.path.exists(path)
+
+
+@root_only
+def test_a_sandboxed_process_takes_its_cgroup_with_it_however_it_ends(uid):
+    """The pids cgroup of a sandboxed process goes when its start fails (here: the zygote that
+    was to fork it refuses), and when the object is dropped without a clean-up: a leftover one
+    stays until reboot, and the kernel's count of cgroups is finite."""
+    import gc
+
+    class RefusingZygote:
+        def usable(self):
+            return True
+
+        def spawn(self, *args):
+            raise OSError("the zygote is gone")
+
+    made = []
+    real = sb.process._pids_cgroup
+
+    def recording(max_procs):
+        made.append(real(max_procs))
+        return made[-1]
+
+    workdir = sb.new_workdir(sb.work_root_dir() / "runs", "cg-")
+    spec = sb.SandboxSpec(argv=[sys.executable, "-I", "-c", "pass"], workdir=workdir, uid=uid,
+                          target="worker", target_args=[])
+    sb.process._pids_cgroup = recording
+    try:
+        with pytest.raises(OSError, match="zygote is gone"):
+            sb.Sandboxed(spec, RefusingZygote())
+        proc = sb.Sandboxed(sb.SandboxSpec(argv=[sys.executable, "-I", "-c", "pass"], workdir=workdir, uid=uid))
+        proc.proc.wait(timeout=60)
+    finally:
+        sb.process._pids_cgroup = real
+    if made[0] is None:
+        pytest.skip("no pids cgroup can be made here")
+    assert _wait_gone(made[0]), "a failed start left its cgroup"
+    assert os.path.isdir(made[1])
+    del proc
+    gc.collect()
+    assert _wait_gone(made[1]), "a sandboxed process dropped without clean-up left its cgroup"
+    sb._remove(workdir)
+
+
+@root_only
+def test_cgroups_of_judges_that_were_killed_are_swept_when_the_next_judge_starts():
+    from cuda_agent.judge.sandbox import cgroups
+
+    base = next((b for b in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup") if os.path.exists(os.path.join(b, "cgroup.procs"))),
+                None)
+    probe = cgroups._pids_cgroup(8) if base is not None else None
+    if probe is None:
+        pytest.skip("no pids cgroup can be made here")
+    os.rmdir(probe)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)   # a process id that is free again (if nothing took it since)
+    old = time.monotonic_ns() - int(120e9)
+    stale = os.path.join(base, f"cuda-agent-{dead}-{old}")
+    recent = os.path.join(base, f"cuda-agent-{dead}-{time.monotonic_ns()}")
+    alive = os.path.join(base, f"cuda-agent-{os.getpid()}-{old}")
+    for path in (stale, recent, alive):
+        os.mkdir(path)
+    try:
+        cgroups._sweep_stale(base)
+        if os.path.exists(f"/proc/{dead}"):
+            pytest.skip("the dead process's id was taken again")
+        assert not os.path.exists(stale)
+        assert os.path.isdir(recent) and os.path.isdir(alive)   # too new, or its maker lives
+    finally:
+        for path in (stale, recent, alive):
+            if os.path.isdir(path):
+                os.rmdir(path)

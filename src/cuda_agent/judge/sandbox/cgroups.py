@@ -5,11 +5,33 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import threading
 import time
 
 from .common import is_root
+
+
+_swept: set[str] = set()   # the cgroup folders whose stale entries this process has removed
+
+
+def _sweep_stale(base: str) -> None:
+    """Remove the cgroups that judge processes now gone left in `base`: one killed outright (its
+    reaper threads and exit hook never ran) leaves its cgroups until reboot. Only empty ones can
+    be removed (rmdir refuses the others), only those whose maker's process id is free now (a
+    process that took the id since is left alone, its cgroups with it) and only those made over a
+    minute ago (a judge of another pid namespace, whose ids this one cannot see, fills a new
+    cgroup within milliseconds)."""
+    now = time.monotonic_ns()
+    for name in os.listdir(base):
+        match = re.fullmatch(r"cuda-agent-(\d+)-(\d+)", name)
+        if match is None or os.path.exists(f"/proc/{match.group(1)}") or now - int(match.group(2)) < 60e9:
+            continue
+        try:
+            os.rmdir(os.path.join(base, name))
+        except OSError:
+            pass
 
 
 def _pids_cgroup(max_procs: int) -> str | None:
@@ -20,6 +42,12 @@ def _pids_cgroup(max_procs: int) -> str | None:
         if not os.path.exists(os.path.join(base, "pids.max" if base.endswith("pids") else "cgroup.controllers")) \
                 and not os.path.exists(os.path.join(base, "cgroup.procs")):
             continue
+        if base not in _swept:
+            _swept.add(base)
+            try:
+                _sweep_stale(base)
+            except OSError:   # the folder cannot be listed: nothing to sweep
+                pass
         path = os.path.join(base, f"cuda-agent-{os.getpid()}-{time.monotonic_ns()}")
         try:
             os.mkdir(path)
@@ -74,8 +102,7 @@ def _removed(path: str) -> bool:
 
 def _reap_cgroup(path: str, limit_s: float = 600.0) -> None:
     """Retry the removal, soon at first, then every two seconds for up to `limit_s`. Teardown
-    usually takes milliseconds, but a killed compiler on a loaded two-core machine took longer
-    than the ten seconds this once waited, and a cgroup given up on stayed until the judge exited."""
+    usually takes milliseconds; a cgroup given up on stays until the exit hook below."""
     deadline = time.monotonic() + limit_s
     wait = 0.05
     while time.monotonic() < deadline:

@@ -42,6 +42,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +103,18 @@ class Sandboxed:
             view = private_view(spec.workdir, spec.hide, self.uid is not None, spec.expose)
         self.landlock = landlock_use(spec.landlock)
         self.cgroup = _pids_cgroup(spec.max_procs)
+        # The cgroup goes with this object however it ends: cleanup() runs the finaliser, and so
+        # does garbage collection of an object never cleaned up, or the interpreter's exit. A
+        # start that fails (a zygote that died, a fork refused) removes it at once.
+        self._release_cgroup = weakref.finalize(self, _kill_cgroup, self.cgroup) if self.cgroup else None
+        try:
+            self._start(spec, view, zygote)
+        except BaseException:
+            if self._release_cgroup is not None:
+                self._release_cgroup()
+            raise
+
+    def _start(self, spec: SandboxSpec, view: dict | None, zygote: "Zygote | None") -> None:
         if self.uid is not None:
             _chown_tree(spec.workdir, self.uid)
         env = sandbox_env(spec.workdir)
@@ -258,9 +271,11 @@ class Sandboxed:
         if self._cleaned:
             return
         self._cleaned = True
-        self.kill()
-        if self.cgroup is not None:
-            _kill_cgroup(self.cgroup)
+        try:
+            self.kill()
+        finally:  # a kill that raised (its zygote gone, say) still takes the cgroup and all inside
+            if self._release_cgroup is not None:
+                self._release_cgroup()
         if self.uid is not None:
             # files the sandbox uid left in shared temporary folders
             for tmp in ("/tmp", "/dev/shm", "/var/tmp"):
