@@ -78,8 +78,9 @@ def test_uid_leases_keep_processes_apart_until_one_ends():
             assert again.base == theirs
         folder = os.stat(host._lease_dir())
         assert folder.st_uid == 0 and not folder.st_mode & 0o077
-        with pytest.raises(ValueError):
-            host.lease_uids(range(10), range(11), 0)
+        for offsets in (range(11), [], [-1, 0]):
+            with pytest.raises(ValueError):
+                host.lease_uids(range(10), offsets, 0)
     finally:
         other.kill()
         other.wait(timeout=30)

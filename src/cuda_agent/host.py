@@ -115,8 +115,8 @@ def lease_uids(pool: range, offsets: list[int] | range, spread: int) -> UidLease
     import fcntl
 
     offsets = list(offsets)
-    room = len(pool) - max(offsets)
-    if not offsets or min(offsets) < 0 or room <= 0:
+    room = len(pool) - max(offsets) if offsets else 0
+    if room <= 0 or min(offsets) < 0:
         raise ValueError(f"offsets {offsets[:4]}... do not fit uids {pool.start}-{pool.stop - 1}")
     folder = _lease_dir()
     for i in range(room):
