@@ -48,6 +48,18 @@ def test_uid_ranges_do_not_overlap():
     assert 2 * MAX_SLOTS < len(host.JUDGE_UIDS)
 
 
+def test_a_process_that_is_not_root_holds_no_uids(monkeypatch):
+    """Only a root judge runs processes under sandbox uids, so one that is not root leases none:
+    its lease names the range's first uids, holds no lock and needs no lease folder."""
+    monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(host, "_lease_dir", lambda: pytest.fail("a process that is not root made a lease folder"))
+    with host.lease_uids(host.PREBUILD_UIDS, range(3), 77) as one, host.lease_uids(host.PREBUILD_UIDS, range(3), 5) as two:
+        assert one.base == two.base == host.PREBUILD_UIDS.start and one.uids == [150000, 150001, 150002]
+        assert one._fds == [] == two._fds
+    with pytest.raises(ValueError):   # offsets are checked all the same
+        host.lease_uids(range(10), range(11), 0)
+
+
 _HOLD = """
 import sys
 from cuda_agent import host

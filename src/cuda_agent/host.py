@@ -111,13 +111,16 @@ def _lease_dir() -> str:
 def lease_uids(pool: range, offsets: list[int] | range, spread: int) -> UidLease:
     """The uids `base + o` (o in `offsets`) for the first `base` in `pool`, searched from one that
     `spread` picks (a process id, say, so that processes start apart), of which no live process
-    holds any; held until the lease is closed or this process ends."""
+    holds any; held until the lease is closed or this process ends. A process that is not root
+    cannot run anything under these uids, so it holds none: its lease is the first base, unheld."""
     import fcntl
 
     offsets = list(offsets)
     room = len(pool) - max(offsets) if offsets else 0
     if room <= 0 or min(offsets) < 0:
         raise ValueError(f"offsets {offsets[:4]}... do not fit uids {pool.start}-{pool.stop - 1}")
+    if os.geteuid() != 0:
+        return UidLease(pool.start, [pool.start + o for o in offsets], [])
     folder = _lease_dir()
     for i in range(room):
         base = pool.start + (spread + i) % room

@@ -53,7 +53,6 @@ from cuda_agent.candidate import Candidate
 from cuda_agent.host import visible_gpus  # noqa: F401 (re-exported by cuda_agent.pool)
 from cuda_agent.judge.config import JudgeConfig
 from cuda_agent.judge.harness import JudgeError
-from cuda_agent.judge.sandbox import is_root
 from cuda_agent.judge.verdict import Failure, FailureCategory, Verdict
 from cuda_agent.tasks import Task
 
@@ -204,7 +203,7 @@ class Pool:
         # them; a given `sandbox_uid` numbers the judge slots instead (the caller's to keep apart).
         offsets = ([] if config.sandbox_uid is not None else list(range(n_judges))) + \
             [MAX_SLOTS + j for j in range(n_compile)]
-        self._uid_lease = host.lease_uids(host.JUDGE_UIDS, offsets, os.getpid()) if is_root() and offsets else None
+        self._uid_lease = host.lease_uids(host.JUDGE_UIDS, offsets, os.getpid()) if offsets else None
         base = self._uid_lease.base if self._uid_lease is not None else host.JUDGE_UIDS.start
         self._slots: list[_Slot] = []
         for i in range(n_judges):

@@ -62,15 +62,15 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
     import threading
     import time
 
-    from cuda_agent.judge.sandbox import is_root, work_root_dir
+    from cuda_agent.judge.sandbox import work_root_dir
     from cuda_agent.judge.supply import ZygoteHolder
 
     arch = build_arch(config.device, config.arch)
     parallel = max(1, min(parallel, len(candidates) or 1))
     jobs = jobs or max(1, host.usable_cores() // parallel)
     # one uid per parallel build, leased for the run (clear of the judges', their spares' and pools')
-    lease = host.lease_uids(host.PREBUILD_UIDS, range(parallel), os.getpid()) if is_root() else None
-    base_uid = lease.base if lease is not None else host.PREBUILD_UIDS.start
+    lease = host.lease_uids(host.PREBUILD_UIDS, range(parallel), os.getpid())
+    base_uid = lease.base
     todo: queue.Queue = queue.Queue()
     for index, cand in enumerate(candidates):
         todo.put((index, cand))
@@ -101,6 +101,5 @@ def build_ahead(candidates: list[Candidate], config, *, parallel: int = 4, jobs:
             t.join()
     finally:
         zygote.close()
-        if lease is not None:
-            lease.close()
+        lease.close()
     return [r for r in results if r is not None]

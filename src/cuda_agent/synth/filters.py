@@ -370,11 +370,8 @@ class WorkerPool:
         share = -(-size // gpus) + -(-reserve // gpus)
         # Each worker's uids, leased for the pool's life: another synthesis run on the machine (whose
         # clean-up kills every process of its uids) can never take them.
-        from cuda_agent.judge.sandbox import is_root
-
         ways = Worker.UID_WAYS
-        self._uid_lease = host.lease_uids(host.SYNTH_UIDS, range(size * ways), os.getpid()) \
-            if is_root() and size else None
+        self._uid_lease = host.lease_uids(host.SYNTH_UIDS, range(size * ways), os.getpid()) if size else None
         base = self._uid_lease.base if self._uid_lease is not None else host.SYNTH_UIDS.start
         self._all = [Worker(config, i, gpu_share=share, uid_base=base + i * ways) for i in range(size)]
         for w in self._all:
